@@ -1,0 +1,296 @@
+// Validation and resolution of the spec attributes (SPEC sections 2, 3 and 7).
+// This is the only place that interprets an attribute.
+#include "problem.h"
+
+#include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
+
+#include <algorithm>
+#include <cctype>
+#include <numeric>
+#include <string>
+
+namespace torch_convgrad {
+namespace {
+
+std::string lowercase(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char ch) { return std::tolower(ch); });
+  return out;
+}
+
+enum class AutoPad { Explicit, SameUpper, SameLower, Valid };
+
+AutoPad parse_auto_pad(std::string_view text) {
+  const std::string value = lowercase(text);
+  if (value == "none" || value == "explicit") return AutoPad::Explicit;
+  if (value == "same_upper") return AutoPad::SameUpper;
+  if (value == "same_lower") return AutoPad::SameLower;
+  if (value == "valid") return AutoPad::Valid;
+  TORCH_CHECK_VALUE(false, "auto_pad: expected one of None, 'none', 'explicit', 'same_upper', 'same_lower', "
+                    "'valid', got '", text, "'");
+}
+
+// Data layout -> permutation of the caller's dims into NCX.
+std::vector<int64_t> parse_data_format(std::string_view text, int64_t rank) {
+  const std::string value = lowercase(text);
+  std::vector<int64_t> to_ncx(rank + 2);
+  std::iota(to_ncx.begin(), to_ncx.end(), 0);
+  if (value == "ncx") return to_ncx;
+  TORCH_CHECK_VALUE(value == "nxc", "data_format: expected 'NXC' or 'NCX', got '", text, "'");
+  to_ncx[1] = rank + 1;
+  for (int64_t axis = 0; axis < rank; ++axis) to_ncx[2 + axis] = 1 + axis;
+  return to_ncx;
+}
+
+// A filter format is a word over {A, B, X}: A and B are the canonical axes 0
+// and 1 (convolution: A = O, B = I; ConvTranspose: A = I, B = O), X the
+// kernel axes in order. Returns the permutation canonical -> that format.
+std::vector<int64_t> permutation_for(std::string_view word, int64_t rank) {
+  std::vector<int64_t> perm;
+  for (char axis : word) {
+    if (axis == 'A') perm.push_back(0);
+    if (axis == 'B') perm.push_back(1);
+    if (axis == 'X')
+      for (int64_t k = 0; k < rank; ++k) perm.push_back(2 + k);
+  }
+  return perm;
+}
+
+struct FormatChoice {
+  const char* name;
+  const char* word;
+};
+
+std::vector<int64_t> parse_filter_format(std::string_view text, int64_t rank, const char* arg_name,
+                                         c10::ArrayRef<FormatChoice> choices) {
+  const std::string value = lowercase(text);
+  std::string expected;
+  for (const auto& choice : choices) {
+    if (value == lowercase(choice.name)) return permutation_for(choice.word, rank);
+    expected += expected.empty() ? "" : " or ";
+    expected += std::string("'") + choice.name + "'";
+  }
+  TORCH_CHECK_VALUE(false, arg_name, ": expected ", expected, ", got '", text, "'");
+}
+
+constexpr FormatChoice kConvolutionFormats[] = {{"XIO", "XBA"}, {"OIX", "ABX"}};
+// Canonical ConvTranspose axes: A = IC, B = OC/groups.
+constexpr FormatChoice kConvTransposeFormats[] = {
+    {"XIO", "XAB"}, {"OIX", "BAX"}, {"IOX", "ABX"}, {"XOI", "XBA"}};
+
+void check_data(const at::Tensor& input, const at::Tensor& output_delta, const ArgNames& names) {
+  for (const auto& [tensor, name] : {std::pair{&input, names.input}, std::pair{&output_delta, names.output_delta}}) {
+    const auto dtype = tensor->scalar_type();
+    TORCH_CHECK_TYPE(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kDouble,
+                     name, ": expected a float32, float16, bfloat16 or float64 tensor, got ", dtype);
+  }
+  TORCH_CHECK_TYPE(input.scalar_type() == output_delta.scalar_type(), names.output_delta,
+                   ": expected the dtype of ", names.input, " (", input.scalar_type(), "), got ",
+                   output_delta.scalar_type());
+  TORCH_CHECK_VALUE(input.device() == output_delta.device(), names.output_delta, ": expected the device of ",
+                    names.input, " (", input.device(), "), got ", output_delta.device());
+  TORCH_CHECK_VALUE(input.dim() >= 3 && input.dim() <= 5, names.input,
+                    ": expected a 3-D, 4-D or 5-D tensor (batch, channels and 1 to 3 spatial axes), got ",
+                    input.dim(), "-D with shape ", input.sym_sizes());
+  TORCH_CHECK_VALUE(output_delta.dim() == input.dim(), names.output_delta, ": expected a ", input.dim(),
+                    "-D tensor like ", names.input, ", got ", output_delta.dim(), "-D with shape ",
+                    output_delta.sym_sizes());
+  TORCH_CHECK_VALUE(output_delta.sym_size(0) == input.sym_size(0), names.output_delta, ": expected batch size ",
+                    input.sym_size(0), " (that of ", names.input, "), got ", output_delta.sym_size(0));
+}
+
+// One value per spatial axis, or `fallback` on every axis when not given.
+std::vector<int64_t> per_axis(at::OptionalIntArrayRef values, int64_t rank, int64_t fallback, int64_t minimum,
+                              const char* name) {
+  if (!values.has_value()) return std::vector<int64_t>(rank, fallback);
+  TORCH_CHECK_VALUE(static_cast<int64_t>(values->size()) == rank, name, ": expected ", rank,
+                    " values (one per spatial axis), got ", values->size(), ": ", *values);
+  for (int64_t value : *values)
+    TORCH_CHECK_VALUE(value >= minimum, name, ": expected values >= ", minimum, ", got ", *values);
+  return values->vec();
+}
+
+c10::SymInt ceil_div(const c10::SymInt& a, int64_t b) { return (a + (b - 1)) / b; }
+
+// Resolves pads per SPEC section 3; `size` is the spatial size the same_* rule
+// is computed on.
+void resolve_pads(Problem& problem, AutoPad mode, const Attributes& attrs, c10::SymIntArrayRef size) {
+  const int64_t rank = problem.spatial_rank();
+  if (mode == AutoPad::Explicit) {
+    for (int64_t pad : per_axis(attrs.pads_begin, rank, 0, 0, "pads_begin")) problem.pad_begin.emplace_back(pad);
+    for (int64_t pad : per_axis(attrs.pads_end, rank, 0, 0, "pads_end")) problem.pad_end.emplace_back(pad);
+    return;
+  }
+  for (int64_t axis = 0; axis < rank; ++axis) {
+    if (mode == AutoPad::Valid) {
+      problem.pad_begin.emplace_back(0);
+      problem.pad_end.emplace_back(0);
+      continue;
+    }
+    const int64_t s = problem.stride[axis];
+    const c10::SymInt eff_k = (problem.kernel_size[axis] - 1) * problem.dilation[axis] + 1;
+    const c10::SymInt total = ((ceil_div(size[axis], s) - 1) * s + eff_k - size[axis]).max(0);
+    const c10::SymInt smaller = total / 2;
+    const c10::SymInt larger = total - smaller;
+    problem.pad_begin.push_back(mode == AutoPad::SameUpper ? smaller : larger);
+    problem.pad_end.push_back(mode == AutoPad::SameUpper ? larger : smaller);
+  }
+}
+
+// The number of windows along each axis: floor((in + pb + pe - eff_k) / s) + 1,
+// checked against `windows` (the size of the tensor named `name`).
+void check_spatial(const Problem& problem, c10::SymIntArrayRef in, c10::SymIntArrayRef windows,
+                   const char* in_name, const char* name) {
+  for (int64_t axis = 0; axis < problem.spatial_rank(); ++axis) {
+    const c10::SymInt eff_k = (problem.kernel_size[axis] - 1) * problem.dilation[axis] + 1;
+    const c10::SymInt padded = in[axis] + problem.pad_begin[axis] + problem.pad_end[axis];
+    TORCH_CHECK_VALUE(padded >= eff_k, name, ": spatial axis ", axis, ": ", in_name, " size ", in[axis],
+                      " with pads (", problem.pad_begin[axis], ", ", problem.pad_end[axis],
+                      ") is smaller than the dilated kernel size ", eff_k, ", so no window fits");
+    const c10::SymInt expected = (padded - eff_k) / problem.stride[axis] + 1;
+    TORCH_CHECK_VALUE(windows[axis] == expected, name, ": spatial axis ", axis, " has size ", windows[axis],
+                      ", expected ", expected, " = floor((", in[axis], " + ", problem.pad_begin[axis], " + ",
+                      problem.pad_end[axis], " - ", eff_k, ") / ", problem.stride[axis], ") + 1 from ", in_name,
+                      " size ", in[axis]);
+  }
+}
+
+// Reads kernel sizes from the shape argument and checks its channel entries.
+// `channels` are the expected canonical entries (A, B); `labels` name them.
+void read_shape(Problem& problem, c10::SymIntArrayRef shape, int64_t rank, const char* shape_name,
+                std::string_view format, const c10::SymInt (&channels)[2], const char* const (&labels)[2]) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(shape.size()) == rank + 2, shape_name, ": expected ", rank + 2,
+                    " values (2 channel entries and ", rank, " kernel sizes), got ", shape.size(), ": ", shape);
+  for (const auto& entry : shape)
+    TORCH_CHECK_VALUE(entry >= 1, shape_name, ": expected positive entries, got ", shape);
+  std::vector<c10::SymInt> canonical(rank + 2);
+  for (int64_t i = 0; i < rank + 2; ++i) canonical[problem.canonical_to_result[i]] = shape[i];
+  for (int64_t axis = 0; axis < 2; ++axis) {
+    const auto position =
+        std::find(problem.canonical_to_result.begin(), problem.canonical_to_result.end(), axis) -
+        problem.canonical_to_result.begin();
+    TORCH_CHECK_VALUE(canonical[axis] == channels[axis], shape_name, ": expected entry ", position, " (",
+                      labels[axis], " in format '", format, "') to be ", channels[axis], ", got ",
+                      canonical[axis], " in ", shape);
+  }
+  problem.kernel_size.assign(canonical.begin() + 2, canonical.end());
+}
+
+void check_groups(int64_t groups, const c10::SymInt& channels, const char* channels_name) {
+  TORCH_CHECK_VALUE(groups >= 1, "groups: expected a positive value, got ", groups);
+  TORCH_CHECK_VALUE(channels % groups == 0, "groups: expected a divisor of the ", channels,
+                    " channels of ", channels_name, ", got ", groups);
+}
+
+// Fields shared by both ops: rank, strides, dilations, groups, data layout.
+Problem start(const at::Tensor& input_forward, const at::Tensor& output_delta, const Attributes& attrs,
+              const ArgNames& names) {
+  check_data(input_forward, output_delta, names);
+  Problem problem;
+  const int64_t rank = input_forward.dim() - 2;
+  problem.data_to_ncx = parse_data_format(attrs.data_format, rank);
+  problem.stride = per_axis(attrs.strides, rank, 1, 1, "strides");
+  problem.dilation = per_axis(attrs.dilations, rank, 1, 1, "dilations");
+  problem.groups = attrs.groups;
+  return problem;
+}
+
+c10::SymIntArrayRef spatial(const at::Tensor& ncx) { return ncx.sym_sizes().slice(2); }
+
+}  // namespace
+
+std::vector<c10::SymInt> Problem::canonical_shape() const {
+  std::vector<c10::SymInt> shape{grad_output.sym_size(1), input.sym_size(1) / groups};
+  shape.insert(shape.end(), kernel_size.begin(), kernel_size.end());
+  return shape;
+}
+
+std::vector<c10::SymInt> Problem::result_shape() const {
+  const auto canonical = canonical_shape();
+  std::vector<c10::SymInt> shape;
+  for (int64_t axis : canonical_to_result) shape.push_back(canonical[axis]);
+  return shape;
+}
+
+at::Tensor Problem::to_caller_layout(const at::Tensor& ncx) const {
+  std::vector<int64_t> inverse(data_to_ncx.size());
+  for (size_t i = 0; i < data_to_ncx.size(); ++i) inverse[data_to_ncx[i]] = static_cast<int64_t>(i);
+  return ncx.permute(inverse);
+}
+
+at::Tensor Problem::canonical_from_result(const at::Tensor& result) const {
+  std::vector<int64_t> inverse(canonical_to_result.size());
+  for (size_t i = 0; i < canonical_to_result.size(); ++i) inverse[canonical_to_result[i]] = static_cast<int64_t>(i);
+  return result.permute(inverse);
+}
+
+at::Tensor Problem::result_from_canonical(const at::Tensor& canonical) const {
+  return canonical.permute(canonical_to_result);
+}
+
+Problem resolve_convolution(const at::Tensor& input_forward, const at::Tensor& output_delta,
+                            const Attributes& attrs, const ArgNames& names) {
+  Problem problem = start(input_forward, output_delta, attrs, names);
+  const int64_t rank = input_forward.dim() - 2;
+  const AutoPad mode = parse_auto_pad(attrs.auto_pad);
+  problem.canonical_to_result = parse_filter_format(attrs.format, rank, names.format, kConvolutionFormats);
+  problem.input = input_forward.permute(problem.data_to_ncx);
+  problem.grad_output = output_delta.permute(problem.data_to_ncx);
+
+  const c10::SymInt& in_channels = problem.input.sym_size(1);
+  const c10::SymInt& out_channels = problem.grad_output.sym_size(1);
+  check_groups(attrs.groups, in_channels, names.input);
+  check_groups(attrs.groups, out_channels, names.output_delta);
+  read_shape(problem, attrs.shape, rank, names.shape, attrs.format, {out_channels, in_channels / attrs.groups},
+             {"O, the channels of output_delta", "I, the channels of input_forward / groups"});
+
+  resolve_pads(problem, mode, attrs, spatial(problem.input));
+  check_spatial(problem, spatial(problem.input), spatial(problem.grad_output), names.input, names.output_delta);
+  return problem;
+}
+
+Problem resolve_conv_transpose(const at::Tensor& input_forward, const at::Tensor& output_delta,
+                               const Attributes& attrs) {
+  const ArgNames& names = kFiltersArgs;
+  Problem problem = start(input_forward, output_delta, attrs, names);
+  const int64_t rank = input_forward.dim() - 2;
+  const AutoPad mode = parse_auto_pad(attrs.auto_pad);
+  problem.canonical_to_result = parse_filter_format(attrs.format, rank, names.format, kConvTransposeFormats);
+  // SPEC section 4: the ConvTranspose weight gradient is the convolution
+  // weight gradient with the data tensors' roles swapped.
+  problem.roles_swapped = true;
+  problem.input = output_delta.permute(problem.data_to_ncx);
+  problem.grad_output = input_forward.permute(problem.data_to_ncx);
+
+  const c10::SymInt& in_channels = problem.grad_output.sym_size(1);
+  const c10::SymInt& out_channels = problem.input.sym_size(1);
+  check_groups(attrs.groups, in_channels, names.input);
+  check_groups(attrs.groups, out_channels, names.output_delta);
+  read_shape(problem, attrs.shape, rank, names.shape, attrs.format, {in_channels, out_channels / attrs.groups},
+             {"IC, the channels of input_forward", "OC/groups, the channels of output_delta / groups"});
+
+  const auto out_size = spatial(problem.input);
+  const auto in_size = spatial(problem.grad_output);
+  resolve_pads(problem, mode, attrs, out_size);
+  check_spatial(problem, out_size, in_size, names.output_delta, names.input);
+
+  if (attrs.output_padding.has_value()) {
+    const auto output_padding = per_axis(attrs.output_padding, rank, 0, 0, "output_padding");
+    for (int64_t axis = 0; axis < rank; ++axis) {
+      const int64_t bound = std::max(problem.stride[axis], problem.dilation[axis]);
+      TORCH_CHECK_VALUE(output_padding[axis] < bound, "output_padding: expected values below max(stride, dilation) = ",
+                        bound, " on spatial axis ", axis, ", got ", *attrs.output_padding);
+      const c10::SymInt eff_k = (problem.kernel_size[axis] - 1) * problem.dilation[axis] + 1;
+      const c10::SymInt expected = problem.stride[axis] * (in_size[axis] - 1) + eff_k - problem.pad_begin[axis] -
+                                   problem.pad_end[axis] + output_padding[axis];
+      TORCH_CHECK_VALUE(out_size[axis] == expected, "output_padding: spatial axis ", axis, ": output_delta size ",
+                        out_size[axis], " does not match ", expected, " = stride * (input_forward size ",
+                        in_size[axis], " - 1) + ", eff_k, " - pads (", problem.pad_begin[axis], " + ",
+                        problem.pad_end[axis], ") + output_padding ", output_padding[axis]);
+    }
+  }
+  return problem;
+}
+
+}  // namespace torch_convgrad

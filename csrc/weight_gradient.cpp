@@ -1,0 +1,148 @@
+#include "weight_gradient.h"
+
+#include <ATen/ops/constant_pad_nd.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/convolution_backward.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
+#include <c10/util/strides.h>
+
+namespace torch_convgrad {
+namespace {
+
+// Per spatial axis, the windows cover padded positions [0, reach) with
+// reach = (Y - 1) * s + eff_k; input elements past reach - pad_begin are unused.
+std::vector<c10::SymInt> window_reach(const Problem& problem) {
+  std::vector<c10::SymInt> reach;
+  for (int64_t axis = 0; axis < problem.spatial_rank(); ++axis) {
+    const c10::SymInt eff_k = (problem.kernel_size[axis] - 1) * problem.dilation[axis] + 1;
+    reach.push_back((problem.grad_output.sym_size(2 + axis) - 1) * problem.stride[axis] + eff_k);
+  }
+  return reach;
+}
+
+// True when some axis has no input element under any window (all padding).
+bool input_unreached(const Problem& problem, c10::ArrayRef<c10::SymInt> reach) {
+  for (int64_t axis = 0; axis < problem.spatial_rank(); ++axis)
+    if (reach[axis] <= problem.pad_begin[axis] || problem.input.sym_size(2 + axis) == 0) return true;
+  return false;
+}
+
+// constant_pad_nd's argument: (begin, end) pairs from the last axis backwards.
+std::vector<c10::SymInt> pad_argument(c10::ArrayRef<c10::SymInt> begin, c10::ArrayRef<c10::SymInt> end) {
+  std::vector<c10::SymInt> pads;
+  for (auto axis = static_cast<int64_t>(begin.size()) - 1; axis >= 0; --axis) {
+    pads.push_back(begin[axis]);
+    pads.push_back(end[axis]);
+  }
+  return pads;
+}
+
+bool all_zero(c10::ArrayRef<c10::SymInt> values) {
+  for (const auto& value : values)
+    if (value != 0) return false;
+  return true;
+}
+
+std::vector<c10::SymInt> symint_vector(c10::IntArrayRef values) { return {values.begin(), values.end()}; }
+
+}  // namespace
+
+at::Tensor weight_gradient(const Problem& problem, Accumulation accumulation) {
+  const auto result_options = problem.input.options();
+  const auto reach = window_reach(problem);
+  if (problem.input.sym_size(0) == 0 || input_unreached(problem, reach))
+    return at::zeros_symint(problem.result_shape(), result_options);
+
+  at::Tensor input = problem.input;
+  at::Tensor grad_output = problem.grad_output;
+  if (accumulation == Accumulation::Float32 && at::isReducedFloatingType(input.scalar_type())) {
+    input = input.to(at::kFloat);
+    grad_output = grad_output.to(at::kFloat);
+  }
+
+  // Drop the trailing input no window reaches, then pad: the part of the pads
+  // that is equal on both sides goes to ATen as `padding` (no copy); only an
+  // asymmetric excess is materialised.
+  const int64_t rank = problem.spatial_rank();
+  std::vector<c10::SymInt> common(rank), excess_begin(rank), excess_end(rank);
+  for (int64_t axis = 0; axis < rank; ++axis) {
+    const c10::SymInt used = input.sym_size(2 + axis).min(reach[axis] - problem.pad_begin[axis]);
+    input = input.narrow_symint(2 + axis, 0, used);
+    const c10::SymInt pad_end = reach[axis] - problem.pad_begin[axis] - used;
+    common[axis] = problem.pad_begin[axis].min(pad_end);
+    excess_begin[axis] = problem.pad_begin[axis] - common[axis];
+    excess_end[axis] = pad_end - common[axis];
+  }
+  if (!all_zero(excess_begin) || !all_zero(excess_end))
+    input = at::constant_pad_nd_symint(input, pad_argument(excess_begin, excess_end));
+
+  // Only the weight's shape and dtype are read when just its gradient is asked for.
+  const at::Tensor weight = at::empty_symint(problem.canonical_shape(), input.options());
+  const at::Tensor canonical = std::get<1>(at::convolution_backward_symint(
+      grad_output, input, weight, std::nullopt, symint_vector(problem.stride), common,
+      symint_vector(problem.dilation), /*transposed=*/false, std::vector<c10::SymInt>(rank, 0), problem.groups,
+      {false, true, false}));
+
+  at::Tensor result = problem.result_from_canonical(canonical.to(problem.input.scalar_type()));
+  if (result.strides() != c10::IntArrayRef(c10::contiguous_strides(result.sizes())))
+    result = at::empty(result.sizes(), result_options).copy_(result);
+  return result;
+}
+
+std::tuple<at::Tensor, at::Tensor> weight_gradient_backward(const Problem& problem, const at::Tensor& grad,
+                                                            std::array<bool, 2> output_mask) {
+  const bool swapped = problem.roles_swapped;
+  const bool need_input = swapped ? output_mask[1] : output_mask[0];
+  const bool need_grad_output = swapped ? output_mask[0] : output_mask[1];
+  const at::Tensor weight = problem.canonical_from_result(grad);
+  const auto reach = window_reach(problem);
+  const bool unreached = input_unreached(problem, reach);
+  const int64_t rank = problem.spatial_rank();
+  const auto stride = symint_vector(problem.stride);
+  const auto dilation = symint_vector(problem.dilation);
+  const std::vector<c10::SymInt> no_padding(rank, 0);
+
+  // Padded position p holds input element p - pad_begin: to go from the
+  // windows' range [0, reach) to the input's [0, X), drop pad_begin in front
+  // and pad (or crop) the end.
+  std::vector<c10::SymInt> window_to_input_begin, window_to_input_end;
+  for (int64_t axis = 0; axis < rank; ++axis) {
+    window_to_input_begin.push_back(-problem.pad_begin[axis]);
+    window_to_input_end.push_back(problem.input.sym_size(2 + axis) + problem.pad_begin[axis] - reach[axis]);
+  }
+
+  at::Tensor d_input, d_grad_output;
+  if (need_input) {
+    if (unreached) {
+      d_input = at::zeros_like(problem.input);
+    } else {
+      // d/d input: the transposed convolution of grad_output with the weight.
+      const at::Tensor windows = at::convolution_symint(problem.grad_output, weight, std::nullopt, stride,
+                                                        no_padding, dilation, /*transposed=*/true, no_padding,
+                                                        problem.groups);
+      d_input = at::constant_pad_nd_symint(windows, pad_argument(window_to_input_begin, window_to_input_end));
+    }
+  }
+  if (need_grad_output) {
+    if (unreached) {
+      d_grad_output = at::zeros_like(problem.grad_output);
+    } else {
+      // d/d grad_output: the forward convolution of the padded input.
+      std::vector<c10::SymInt> neg_begin, neg_end;
+      for (int64_t axis = 0; axis < rank; ++axis) {
+        neg_begin.push_back(-window_to_input_begin[axis]);
+        neg_end.push_back(-window_to_input_end[axis]);
+      }
+      const at::Tensor padded = at::constant_pad_nd_symint(problem.input, pad_argument(neg_begin, neg_end));
+      d_grad_output = at::convolution_symint(padded, weight, std::nullopt, stride, no_padding, dilation,
+                                             /*transposed=*/false, no_padding, problem.groups);
+    }
+  }
+  const auto caller = [&](const at::Tensor& ncx) { return ncx.defined() ? problem.to_caller_layout(ncx) : ncx; };
+  if (swapped) return {caller(d_grad_output), caller(d_input)};
+  return {caller(d_input), caller(d_grad_output)};
+}
+
+}  // namespace torch_convgrad

@@ -1,0 +1,61 @@
+"""Builds torch_convgrad._C against the installed torch (use --no-build-isolation).
+
+CUDA kernels are built when torch has CUDA and nvcc is found; set
+TORCH_CONVGRAD_CUDA=1 to force them or TORCH_CONVGRAD_CUDA=0 to skip them.
+"""
+import glob
+import os
+
+import torch
+from setuptools import find_packages, setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+PY_LIMITED_API = "0x030A0000"  # CPython 3.10 stable ABI
+
+
+def want_cuda() -> bool:
+    choice = os.environ.get("TORCH_CONVGRAD_CUDA", "auto").strip().lower()
+    if choice in ("1", "on", "true", "yes"):
+        return True
+    if choice in ("0", "off", "false", "no"):
+        return False
+    if choice != "auto":
+        raise SystemExit(f"TORCH_CONVGRAD_CUDA: expected auto, 1 or 0, got {choice!r}")
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def extension():
+    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/*/*.cpp"))
+    cxx_flags = ["-O3", "-fdiagnostics-color=always"]
+    macros = [("Py_LIMITED_API", PY_LIMITED_API)]
+    if want_cuda():
+        print(f"torch_convgrad: building CPU and CUDA kernels (nvcc from {CUDA_HOME})")
+        return CUDAExtension(
+            "torch_convgrad._C",
+            sources + sorted(glob.glob("csrc/cuda/*.cu")),
+            define_macros=macros,
+            extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
+            py_limited_api=True,
+        )
+    reason = "torch has no CUDA" if torch.version.cuda is None else "CUDA disabled or nvcc not found"
+    print(f"torch_convgrad: building CPU kernels only ({reason})")
+    return CppExtension(
+        "torch_convgrad._C",
+        sources,
+        define_macros=macros,
+        extra_compile_args={"cxx": cxx_flags},
+        py_limited_api=True,
+    )
+
+
+setup(
+    name="torch_convgrad",
+    version="0.1.0",
+    description="Convolution weight-gradient operators for PyTorch, exact to spec",
+    packages=find_packages(include=["torch_convgrad", "torch_convgrad.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension},
+    options={"bdist_wheel": {"py_limited_api": "cp310"}},
+    python_requires=">=3.10",
+    install_requires=["torch>=2.11,<2.14"],
+)
