@@ -1,0 +1,100 @@
+"""Autograd and vmap rules for the ops.
+
+Autograd: the weight gradient is bilinear in (input_forward, output_delta); its
+gradients are computed by the ``*_backward`` ops, which are C++
+CompositeImplicitAutograd formulas over ATen convolutions (csrc/composite/),
+so they are differentiable again and trace under torch.compile.
+
+vmap: a batch of problems is one problem with the batch folded into the
+channels and ``groups * B`` groups, so per-sample weight gradients cost one
+call, not B.
+"""
+from __future__ import annotations
+
+import torch
+
+_ops = torch.ops.torch_convgrad
+
+# op name -> the op computing its gradients w.r.t. (input_forward, output_delta)
+_BACKWARD = {
+    "conv_backprop_filters": _ops.conv_backprop_filters_backward,
+    "conv_backprop_weights": _ops.conv_backprop_filters_backward,
+    "conv_transpose_backprop_filters": _ops.conv_transpose_backprop_filters_backward,
+}
+
+# Where the filter axis that spans all groups (conv: O; ConvTranspose: IC)
+# stands in each filter format; vmap multiplies that axis by the batch.
+_GROUPED_AXIS = {
+    "conv_backprop_filters": {"XIO": -1, "OIX": 0},
+    "conv_backprop_weights": {"XIO": -1, "OIX": 0},
+    "conv_transpose_backprop_filters": {"XIO": -2, "OIX": 1, "IOX": 0, "XOI": -1},
+}
+
+
+def _setup_context(ctx, inputs, output):
+    input_forward, output_delta, *attributes = inputs
+    ctx.save_for_backward(input_forward, output_delta)
+    ctx.attributes = attributes
+
+
+def _make_backward(backward_op):
+    def backward(ctx, grad):
+        input_forward, output_delta = ctx.saved_tensors
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1]]
+        grad_input, grad_delta = backward_op(
+            grad, input_forward, output_delta, *ctx.attributes, output_mask=mask
+        )
+        return (grad_input, grad_delta) + (None,) * len(ctx.attributes)
+
+    return backward
+
+
+def _batch_first(tensor, dim, batch_size):
+    return tensor.movedim(dim, 0) if dim is not None else tensor.expand(batch_size, *tensor.shape)
+
+
+def _fold_into_channels(batched, channels_last):
+    """(B, N, C, X...) -> (N, B*C, X...), or (B, N, X..., C) -> (N, X..., B*C)."""
+    if channels_last:
+        return batched.movedim(0, -2).flatten(-2)
+    return batched.movedim(0, 1).flatten(1, 2)
+
+
+def _make_vmap_rule(op_name):
+    op = getattr(_ops, op_name).default
+    names = [argument.name for argument in op._schema.arguments]
+    defaults = [argument.default_value for argument in op._schema.arguments]
+    shape_name, format_name = names[2], names[-1]
+
+    def rule(info, in_dims, *args, **kwargs):
+        # The dispatcher drops trailing arguments equal to their defaults.
+        arguments = dict(zip(names, defaults))
+        arguments.update(zip(names, args), **kwargs)
+        batch = info.batch_size
+        samples = [_batch_first(args[index], in_dims[index], batch) for index in range(2)]
+        axis = _GROUPED_AXIS[op_name].get(str(arguments[format_name]).upper())
+        data_format = str(arguments["data_format"]).upper()
+        if axis is None or data_format not in ("NXC", "NCX"):
+            # An unknown format: the op raises its usual error on one sample.
+            arguments.update(zip(names, (samples[0][0], samples[1][0])))
+            return op(**arguments), 0
+        for name, sample in zip(names[:2], samples):
+            arguments[name] = _fold_into_channels(sample, channels_last=data_format == "NXC")
+        shape = list(arguments[shape_name])
+        per_sample = shape[axis]
+        shape[axis] = per_sample * batch
+        arguments[shape_name] = shape
+        arguments["groups"] = arguments["groups"] * batch
+        folded = op(**arguments)
+        # Split the grouped axis into (B, per-sample) and bring B to the front.
+        axis = axis % folded.dim()
+        return folded.unflatten(axis, (batch, per_sample)).movedim(axis, 0).contiguous(), 0
+
+    return rule
+
+
+for _name, _backward_op in _BACKWARD.items():
+    torch.library.register_autograd(
+        f"torch_convgrad::{_name}", _make_backward(_backward_op), setup_context=_setup_context
+    )
+    torch.library.register_vmap(f"torch_convgrad::{_name}", _make_vmap_rule(_name))
