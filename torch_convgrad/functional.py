@@ -260,24 +260,28 @@ def conv_backprop_filters_v1(
     # The channel entries are only knowable for data the op will accept; for
     # anything else the op rejects the data or groups before reading the shape.
     rank = _spatial_rank(input)
-    data_ok = isinstance(output_delta, Tensor) and input.dim() >= 3 and output_delta.dim() >= 2
-    if data_ok and isinstance(groups, int) and groups >= 1 and 1 <= rank <= 3:
-        if len(kernel) != rank:
+    data_ok = isinstance(output_delta, Tensor) and 1 <= rank <= 3 and output_delta.dim() == input.dim()
+    if data_ok and isinstance(groups, int) and groups >= 1:
+        if len(kernel) != rank or any(size < 1 for size in kernel):
             raise ValueError(
-                f"filters_shape: expected {rank} spatial kernel sizes (one per spatial axis of input), "
-                f"got {len(kernel)}: {kernel}"
+                f"filters_shape: expected {rank} positive spatial kernel sizes (one per spatial axis of input), "
+                f"got {kernel}"
             )
         shape = [output_delta.shape[1], input.shape[1] // groups, *kernel]
-    return conv_backprop_filters(
-        input,
-        output_delta,
-        shape,
-        strides=strides,
-        pads_begin=pads_begin,
-        pads_end=pads_end,
-        dilations=dilations,
-        auto_pad=auto_pad,
-        groups=groups,
-        data_format="NCX",
-        filter_format="OIX",
-    )
+    try:
+        return conv_backprop_filters(
+            input,
+            output_delta,
+            shape,
+            strides=strides,
+            pads_begin=pads_begin,
+            pads_end=pads_end,
+            dilations=dilations,
+            auto_pad=auto_pad,
+            groups=groups,
+            data_format="NCX",
+            filter_format="OIX",
+        )
+    except (TypeError, ValueError) as error:
+        # The op knows this signature's `input` as input_forward.
+        raise type(error)(str(error).replace("input_forward", "input")) from None
