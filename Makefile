@@ -5,8 +5,9 @@ PYTHON ?= python3
 deps:
 	PYTHON=$(PYTHON) bash scripts/install_deps.sh
 
+# Builds torch_convgrad/_C in place (incremental: ninja keeps its objects in build/).
 build: deps
-	$(PYTHON) -m pip install --quiet --no-build-isolation --no-deps -e .
+	$(PYTHON) setup.py --quiet build_ext --inplace
 
 run: build
 	$(PYTHON) -m torch_convgrad
@@ -15,4 +16,4 @@ test: build
 	$(PYTHON) -m pytest tests
 
 bench: build
-	$(PYTHON) benchmarks/bench_weight_gradient.py
+	PYTHONPATH=. $(PYTHON) benchmarks/bench_weight_gradient.py
