@@ -10,7 +10,7 @@ namespace torch_convgrad {
 
 // How f16/bf16 problems accumulate. `Float32` computes them in float32 and
 // rounds the result once; `Native` trusts the backend to accumulate in at
-// least float32 (cuDNN does).
+// least float32 (cuDNN and oneDNN do).
 enum class Accumulation { Native, Float32 };
 
 // The weight gradient as a new contiguous tensor in the requested format.
