@@ -47,13 +47,33 @@ bool all_zero(c10::ArrayRef<c10::SymInt> values) {
 
 std::vector<c10::SymInt> symint_vector(c10::IntArrayRef values) { return {values.begin(), values.end()}; }
 
+// `ncx` zero-padded by (begin, end) per spatial axis, laid out in memory like
+// the caller's data. One copy and zeroed borders, where constant_pad_nd would
+// fill the whole buffer first.
+at::Tensor zero_padded(const Problem& problem, const at::Tensor& ncx, c10::ArrayRef<c10::SymInt> begin,
+                       c10::ArrayRef<c10::SymInt> end) {
+  auto sizes = ncx.sym_sizes().vec();
+  for (size_t axis = 0; axis < begin.size(); ++axis) sizes[2 + axis] += begin[axis] + end[axis];
+  std::vector<c10::SymInt> caller_sizes(sizes.size());
+  for (size_t dim = 0; dim < sizes.size(); ++dim) caller_sizes[problem.data_to_ncx[dim]] = sizes[dim];
+  const at::Tensor padded = at::empty_symint(caller_sizes, ncx.options()).permute(problem.data_to_ncx);
+  at::Tensor interior = padded;
+  for (size_t axis = 0; axis < begin.size(); ++axis) {
+    const int64_t dim = 2 + static_cast<int64_t>(axis);
+    interior = interior.narrow_symint(dim, begin[axis], ncx.sym_size(dim));
+    padded.narrow_symint(dim, 0, begin[axis]).zero_();
+    padded.narrow_symint(dim, begin[axis] + ncx.sym_size(dim), end[axis]).zero_();
+  }
+  interior.copy_(ncx);
+  return padded;
+}
+
 }  // namespace
 
 at::Tensor weight_gradient(const Problem& problem, Accumulation accumulation) {
-  const auto result_options = problem.input.options();
   const auto reach = window_reach(problem);
   if (problem.input.sym_size(0) == 0 || input_unreached(problem, reach))
-    return at::zeros_symint(problem.result_shape(), result_options);
+    return at::zeros_symint(problem.result_shape(), problem.input.options());
 
   at::Tensor input = problem.input;
   at::Tensor grad_output = problem.grad_output;
@@ -66,28 +86,43 @@ at::Tensor weight_gradient(const Problem& problem, Accumulation accumulation) {
   // that is equal on both sides goes to ATen as `padding` (no copy); only an
   // asymmetric excess is materialised.
   const int64_t rank = problem.spatial_rank();
-  std::vector<c10::SymInt> common(rank), excess_begin(rank), excess_end(rank);
+  std::vector<c10::SymInt> padding(rank), excess_begin(rank), excess_end(rank);
   for (int64_t axis = 0; axis < rank; ++axis) {
     const c10::SymInt used = input.sym_size(2 + axis).min(reach[axis] - problem.pad_begin[axis]);
     input = input.narrow_symint(2 + axis, 0, used);
     const c10::SymInt pad_end = reach[axis] - problem.pad_begin[axis] - used;
-    common[axis] = problem.pad_begin[axis].min(pad_end);
-    excess_begin[axis] = problem.pad_begin[axis] - common[axis];
-    excess_end[axis] = pad_end - common[axis];
+    padding[axis] = problem.pad_begin[axis].min(pad_end);
+    excess_begin[axis] = problem.pad_begin[axis] - padding[axis];
+    excess_end[axis] = pad_end - padding[axis];
   }
   if (!all_zero(excess_begin) || !all_zero(excess_end))
-    input = at::constant_pad_nd_symint(input, pad_argument(excess_begin, excess_end));
+    input = zero_padded(problem, input, excess_begin, excess_end);
+
+  auto stride = symint_vector(problem.stride);
+  auto dilation = symint_vector(problem.dilation);
+  auto weight_shape = problem.canonical_shape();
+  // ATen runs a 1-D convolution as a 2-D one on a contiguous copy of its
+  // data; lifting it here as a view keeps channels-last (NXC) data zero-copy.
+  const bool lift_to_2d = rank == 1;
+  if (lift_to_2d) {
+    input = input.unsqueeze(2);
+    grad_output = grad_output.unsqueeze(2);
+    stride.insert(stride.begin(), 1);
+    dilation.insert(dilation.begin(), 1);
+    padding.insert(padding.begin(), 0);
+    weight_shape.insert(weight_shape.begin() + 2, 1);
+  }
 
   // Only the weight's shape and dtype are read when just its gradient is asked for.
-  const at::Tensor weight = at::empty_symint(problem.canonical_shape(), input.options());
-  const at::Tensor canonical = std::get<1>(at::convolution_backward_symint(
-      grad_output, input, weight, std::nullopt, symint_vector(problem.stride), common,
-      symint_vector(problem.dilation), /*transposed=*/false, std::vector<c10::SymInt>(rank, 0), problem.groups,
-      {false, true, false}));
+  const at::Tensor weight = at::empty_symint(weight_shape, input.options());
+  at::Tensor canonical = std::get<1>(at::convolution_backward_symint(
+      grad_output, input, weight, std::nullopt, stride, padding, dilation, /*transposed=*/false,
+      std::vector<c10::SymInt>(stride.size(), 0), problem.groups, {false, true, false}));
+  if (lift_to_2d) canonical = canonical.squeeze(2);
 
   at::Tensor result = problem.result_from_canonical(canonical.to(problem.input.scalar_type()));
   if (result.strides() != c10::IntArrayRef(c10::contiguous_strides(result.sizes())))
-    result = at::empty(result.sizes(), result_options).copy_(result);
+    result = at::empty(result.sizes(), result.options()).copy_(result);
   return result;
 }
 
