@@ -183,9 +183,25 @@ void check_groups(int64_t groups, const c10::SymInt& channels, const char* chann
                     " channels of ", channels_name, ", got ", groups);
 }
 
-// Fields shared by both ops: rank, strides, dilations, groups, data layout.
-Problem start(const at::Tensor& input_forward, const at::Tensor& output_delta, const Attributes& attrs,
-              const ArgNames& names) {
+c10::SymIntArrayRef spatial(const at::Tensor& ncx) { return ncx.sym_sizes().slice(2); }
+
+// What differs between the convolution ops and ConvTranspose.
+struct OpKind {
+  c10::ArrayRef<FormatChoice> formats;
+  // SPEC section 4: the ConvTranspose weight gradient is the convolution
+  // weight gradient with the data tensors' roles swapped.
+  bool roles_swapped;
+  const char* labels[2];  // the canonical channel entries (A, B) in messages
+};
+
+constexpr OpKind kConvolution{kConvolutionFormats, false,
+                              {"O, the channels of output_delta", "I, the channels of input_forward / groups"}};
+constexpr OpKind kConvTranspose{
+    kConvTransposeFormats, true,
+    {"IC, the channels of input_forward", "OC/groups, the channels of output_delta / groups"}};
+
+Problem resolve(const at::Tensor& input_forward, const at::Tensor& output_delta, const Attributes& attrs,
+                const ArgNames& names, const OpKind& kind) {
   check_data(input_forward, output_delta, names);
   Problem problem;
   const int64_t rank = input_forward.dim() - 2;
@@ -193,10 +209,23 @@ Problem start(const at::Tensor& input_forward, const at::Tensor& output_delta, c
   problem.stride = per_axis(attrs.strides, rank, 1, 1, "strides");
   problem.dilation = per_axis(attrs.dilations, rank, 1, 1, "dilations");
   problem.groups = attrs.groups;
+  const AutoPad mode = parse_auto_pad(attrs.auto_pad);
+  problem.canonical_to_result = parse_filter_format(attrs.format, rank, names.format, kind.formats);
+  problem.roles_swapped = kind.roles_swapped;
+  problem.input = (kind.roles_swapped ? output_delta : input_forward).permute(problem.data_to_ncx);
+  problem.grad_output = (kind.roles_swapped ? input_forward : output_delta).permute(problem.data_to_ncx);
+
+  check_groups(attrs.groups, input_forward.sym_size(problem.data_to_ncx[1]), names.input);
+  check_groups(attrs.groups, output_delta.sym_size(problem.data_to_ncx[1]), names.output_delta);
+  read_shape(problem, attrs.shape, rank, names.shape, attrs.format,
+             {problem.grad_output.sym_size(1), problem.input.sym_size(1) / attrs.groups}, kind.labels);
+
+  resolve_pads(problem, mode, attrs, spatial(problem.input));
+  const char* input_name = kind.roles_swapped ? names.output_delta : names.input;
+  const char* windows_name = kind.roles_swapped ? names.input : names.output_delta;
+  check_spatial(problem, spatial(problem.input), spatial(problem.grad_output), input_name, windows_name);
   return problem;
 }
-
-c10::SymIntArrayRef spatial(const at::Tensor& ncx) { return ncx.sym_sizes().slice(2); }
 
 }  // namespace
 
@@ -231,50 +260,15 @@ at::Tensor Problem::result_from_canonical(const at::Tensor& canonical) const {
 
 Problem resolve_convolution(const at::Tensor& input_forward, const at::Tensor& output_delta,
                             const Attributes& attrs, const ArgNames& names) {
-  Problem problem = start(input_forward, output_delta, attrs, names);
-  const int64_t rank = input_forward.dim() - 2;
-  const AutoPad mode = parse_auto_pad(attrs.auto_pad);
-  problem.canonical_to_result = parse_filter_format(attrs.format, rank, names.format, kConvolutionFormats);
-  problem.input = input_forward.permute(problem.data_to_ncx);
-  problem.grad_output = output_delta.permute(problem.data_to_ncx);
-
-  const c10::SymInt& in_channels = problem.input.sym_size(1);
-  const c10::SymInt& out_channels = problem.grad_output.sym_size(1);
-  check_groups(attrs.groups, in_channels, names.input);
-  check_groups(attrs.groups, out_channels, names.output_delta);
-  read_shape(problem, attrs.shape, rank, names.shape, attrs.format, {out_channels, in_channels / attrs.groups},
-             {"O, the channels of output_delta", "I, the channels of input_forward / groups"});
-
-  resolve_pads(problem, mode, attrs, spatial(problem.input));
-  check_spatial(problem, spatial(problem.input), spatial(problem.grad_output), names.input, names.output_delta);
-  return problem;
+  return resolve(input_forward, output_delta, attrs, names, kConvolution);
 }
 
 Problem resolve_conv_transpose(const at::Tensor& input_forward, const at::Tensor& output_delta,
                                const Attributes& attrs) {
-  const ArgNames& names = kFiltersArgs;
-  Problem problem = start(input_forward, output_delta, attrs, names);
-  const int64_t rank = input_forward.dim() - 2;
-  const AutoPad mode = parse_auto_pad(attrs.auto_pad);
-  problem.canonical_to_result = parse_filter_format(attrs.format, rank, names.format, kConvTransposeFormats);
-  // SPEC section 4: the ConvTranspose weight gradient is the convolution
-  // weight gradient with the data tensors' roles swapped.
-  problem.roles_swapped = true;
-  problem.input = output_delta.permute(problem.data_to_ncx);
-  problem.grad_output = input_forward.permute(problem.data_to_ncx);
-
-  const c10::SymInt& in_channels = problem.grad_output.sym_size(1);
-  const c10::SymInt& out_channels = problem.input.sym_size(1);
-  check_groups(attrs.groups, in_channels, names.input);
-  check_groups(attrs.groups, out_channels, names.output_delta);
-  read_shape(problem, attrs.shape, rank, names.shape, attrs.format, {in_channels, out_channels / attrs.groups},
-             {"IC, the channels of input_forward", "OC/groups, the channels of output_delta / groups"});
-
+  Problem problem = resolve(input_forward, output_delta, attrs, kFiltersArgs, kConvTranspose);
+  const int64_t rank = problem.spatial_rank();
   const auto out_size = spatial(problem.input);
   const auto in_size = spatial(problem.grad_output);
-  resolve_pads(problem, mode, attrs, out_size);
-  check_spatial(problem, out_size, in_size, names.output_delta, names.input);
-
   if (attrs.output_padding.has_value()) {
     const auto output_padding = per_axis(attrs.output_padding, rank, 0, 0, "output_padding");
     for (int64_t axis = 0; axis < rank; ++axis) {
