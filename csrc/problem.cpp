@@ -13,6 +13,11 @@
 namespace torch_convgrad {
 namespace {
 
+// A check on sizes that may be symbolic. Where they depend on a shape
+// tensor's values (unbacked sizes under torch.compile/export) it becomes a
+// runtime assert instead of a guard that cannot be decided at trace time.
+#define CHECK_SIZES(condition, ...) TORCH_CHECK_VALUE((condition).expect_true(__FILE__, __LINE__), __VA_ARGS__)
+
 std::string lowercase(std::string_view text) {
   std::string out(text);
   std::transform(out.begin(), out.end(), out.begin(), [](unsigned char ch) { return std::tolower(ch); });
@@ -145,11 +150,11 @@ void check_spatial(const Problem& problem, c10::SymIntArrayRef in, c10::SymIntAr
   for (int64_t axis = 0; axis < problem.spatial_rank(); ++axis) {
     const c10::SymInt eff_k = (problem.kernel_size[axis] - 1) * problem.dilation[axis] + 1;
     const c10::SymInt padded = in[axis] + problem.pad_begin[axis] + problem.pad_end[axis];
-    TORCH_CHECK_VALUE(padded >= eff_k, name, ": spatial axis ", axis, ": ", in_name, " size ", in[axis],
+    CHECK_SIZES(padded.sym_ge(eff_k), name, ": spatial axis ", axis, ": ", in_name, " size ", in[axis],
                       " with pads (", problem.pad_begin[axis], ", ", problem.pad_end[axis],
                       ") is smaller than the dilated kernel size ", eff_k, ", so no window fits");
     const c10::SymInt expected = (padded - eff_k) / problem.stride[axis] + 1;
-    TORCH_CHECK_VALUE(windows[axis] == expected, name, ": spatial axis ", axis, " has size ", windows[axis],
+    CHECK_SIZES(windows[axis].sym_eq(expected), name, ": spatial axis ", axis, " has size ", windows[axis],
                       ", expected ", expected, " = floor((", in[axis], " + ", problem.pad_begin[axis], " + ",
                       problem.pad_end[axis], " - ", eff_k, ") / ", problem.stride[axis], ") + 1 from ", in_name,
                       " size ", in[axis]);
@@ -163,14 +168,14 @@ void read_shape(Problem& problem, c10::SymIntArrayRef shape, int64_t rank, const
   TORCH_CHECK_VALUE(static_cast<int64_t>(shape.size()) == rank + 2, shape_name, ": expected ", rank + 2,
                     " values (2 channel entries and ", rank, " kernel sizes), got ", shape.size(), ": ", shape);
   for (const auto& entry : shape)
-    TORCH_CHECK_VALUE(entry >= 1, shape_name, ": expected positive entries, got ", shape);
+    CHECK_SIZES(entry.sym_ge(1), shape_name, ": expected positive entries, got ", shape);
   std::vector<c10::SymInt> canonical(rank + 2);
   for (int64_t i = 0; i < rank + 2; ++i) canonical[problem.canonical_to_result[i]] = shape[i];
   for (int64_t axis = 0; axis < 2; ++axis) {
     const auto position =
         std::find(problem.canonical_to_result.begin(), problem.canonical_to_result.end(), axis) -
         problem.canonical_to_result.begin();
-    TORCH_CHECK_VALUE(canonical[axis] == channels[axis], shape_name, ": expected entry ", position, " (",
+    CHECK_SIZES(canonical[axis].sym_eq(channels[axis]), shape_name, ": expected entry ", position, " (",
                       labels[axis], " in format '", format, "') to be ", channels[axis], ", got ",
                       canonical[axis], " in ", shape);
   }
@@ -278,7 +283,7 @@ Problem resolve_conv_transpose(const at::Tensor& input_forward, const at::Tensor
       const c10::SymInt eff_k = (problem.kernel_size[axis] - 1) * problem.dilation[axis] + 1;
       const c10::SymInt expected = problem.stride[axis] * (in_size[axis] - 1) + eff_k - problem.pad_begin[axis] -
                                    problem.pad_end[axis] + output_padding[axis];
-      TORCH_CHECK_VALUE(out_size[axis] == expected, "output_padding: spatial axis ", axis, ": output_delta size ",
+      CHECK_SIZES(out_size[axis].sym_eq(expected), "output_padding: spatial axis ", axis, ": output_delta size ",
                         out_size[axis], " does not match ", expected, " = stride * (input_forward size ",
                         in_size[axis], " - 1) + ", eff_k, " - pads (", problem.pad_begin[axis], " + ",
                         problem.pad_end[axis], ") + output_padding ", output_padding[axis]);
