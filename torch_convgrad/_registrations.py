@@ -74,18 +74,25 @@ def _make_vmap_rule(op_name):
         samples = [_batch_first(args[index], in_dims[index], batch) for index in range(2)]
         axis = _GROUPED_AXIS[op_name].get(str(arguments[format_name]).upper())
         data_format = str(arguments["data_format"]).upper()
+
+        def run_first_sample():
+            return op(**dict(arguments, **dict(zip(names[:2], (samples[0][0], samples[1][0])))))
+
         if axis is None or data_format not in ("NXC", "NCX"):
-            # An unknown format: the op raises its usual error on one sample.
-            arguments.update(zip(names, (samples[0][0], samples[1][0])))
-            return op(**arguments), 0
-        for name, sample in zip(names[:2], samples):
-            arguments[name] = _fold_into_channels(sample, channels_last=data_format == "NXC")
-        shape = list(arguments[shape_name])
-        per_sample = shape[axis]
-        shape[axis] = per_sample * batch
-        arguments[shape_name] = shape
-        arguments["groups"] = arguments["groups"] * batch
-        folded = op(**arguments)
+            return run_first_sample(), 0  # an unknown format: the op raises its usual error
+        try:
+            folded_arguments = dict(arguments, groups=arguments["groups"] * batch)
+            for name, sample in zip(names[:2], samples):
+                folded_arguments[name] = _fold_into_channels(sample, channels_last=data_format == "NXC")
+            shape = list(arguments[shape_name])
+            per_sample = shape[axis]
+            shape[axis] = per_sample * batch
+            folded_arguments[shape_name] = shape
+            folded = op(**folded_arguments)
+        except (IndexError, TypeError, ValueError):
+            # The folded problem's message would quote folded sizes; a sample's quotes the caller's.
+            run_first_sample()
+            raise
         # Split the grouped axis into (B, per-sample) and bring B to the front.
         axis = axis % folded.dim()
         return folded.unflatten(axis, (batch, per_sample)).movedim(axis, 0).contiguous(), 0
