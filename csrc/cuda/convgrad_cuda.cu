@@ -11,8 +11,7 @@ namespace {
 struct CudaBackend {
   static at::Tensor run(const Problem& problem) {
     const c10::cuda::CUDAGuard device_guard(problem.input.device());
-    // cuDNN accumulates f16/bf16 convolutions in float32.
-    return weight_gradient(problem, Accumulation::Native);
+    return weight_gradient(problem);
   }
 };
 
