@@ -10,8 +10,6 @@ import torch
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
-PY_LIMITED_API = "0x030A0000"  # CPython 3.10 stable ABI
-
 
 def want_cuda() -> bool:
     choice = os.environ.get("TORCH_CONVGRAD_CUDA", "auto").strip().lower()
@@ -25,15 +23,16 @@ def want_cuda() -> bool:
 
 
 def extension():
+    # py_limited_api=True: BuildExtension compiles against CPython's stable ABI
+    # (Py_LIMITED_API), so one abi3 binary serves every CPython >= 3.10 for the
+    # torch it was built against.
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/*/*.cpp"))
     cxx_flags = ["-O3", "-fdiagnostics-color=always"]
-    macros = [("Py_LIMITED_API", PY_LIMITED_API)]
     if want_cuda():
         print(f"torch_convgrad: building CPU and CUDA kernels (nvcc from {CUDA_HOME})")
         return CUDAExtension(
             "torch_convgrad._C",
             sources + sorted(glob.glob("csrc/cuda/*.cu")),
-            define_macros=macros,
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
             py_limited_api=True,
         )
@@ -42,7 +41,6 @@ def extension():
     return CppExtension(
         "torch_convgrad._C",
         sources,
-        define_macros=macros,
         extra_compile_args={"cxx": cxx_flags},
         py_limited_api=True,
     )

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <limits>
 #include <numeric>
 #include <string>
 
@@ -17,6 +18,10 @@ namespace {
 // tensor's values (unbacked sizes under torch.compile/export) it becomes a
 // runtime assert instead of a guard that cannot be decided at trace time.
 #define CHECK_SIZES(condition, ...) TORCH_CHECK_VALUE((condition).expect_true(__FILE__, __LINE__), __VA_ARGS__)
+
+// Attribute values and kernel sizes stay below 2^31 so that no size formula
+// (eff_k, padded sizes, output_padding's check) can overflow int64.
+constexpr int64_t kMaxValue = std::numeric_limits<int32_t>::max();
 
 std::string lowercase(std::string_view text) {
   std::string out(text);
@@ -101,7 +106,7 @@ void check_data(const at::Tensor& input, const at::Tensor& output_delta, const A
   TORCH_CHECK_VALUE(output_delta.dim() == input.dim(), names.output_delta, ": expected a ", input.dim(),
                     "-D tensor like ", names.input, ", got ", output_delta.dim(), "-D with shape ",
                     output_delta.sym_sizes());
-  TORCH_CHECK_VALUE(output_delta.sym_size(0) == input.sym_size(0), names.output_delta, ": expected batch size ",
+  CHECK_SIZES(output_delta.sym_size(0).sym_eq(input.sym_size(0)), names.output_delta, ": expected batch size ",
                     input.sym_size(0), " (that of ", names.input, "), got ", output_delta.sym_size(0));
 }
 
@@ -112,7 +117,8 @@ std::vector<int64_t> per_axis(at::OptionalIntArrayRef values, int64_t rank, int6
   TORCH_CHECK_VALUE(static_cast<int64_t>(values->size()) == rank, name, ": expected ", rank,
                     " values (one per spatial axis), got ", values->size(), ": ", *values);
   for (int64_t value : *values)
-    TORCH_CHECK_VALUE(value >= minimum, name, ": expected values >= ", minimum, ", got ", *values);
+    TORCH_CHECK_VALUE(value >= minimum && value <= kMaxValue, name, ": expected values between ", minimum, " and ",
+                      kMaxValue, ", got ", *values);
   return values->vec();
 }
 
@@ -134,7 +140,7 @@ void resolve_pads(Problem& problem, AutoPad mode, const Attributes& attrs, c10::
       continue;
     }
     const int64_t s = problem.stride[axis];
-    const c10::SymInt eff_k = (problem.kernel_size[axis] - 1) * problem.dilation[axis] + 1;
+    const c10::SymInt eff_k = problem.dilated_kernel_size(axis);
     const c10::SymInt total = ((ceil_div(size[axis], s) - 1) * s + eff_k - size[axis]).max(0);
     const c10::SymInt smaller = total / 2;
     const c10::SymInt larger = total - smaller;
@@ -148,7 +154,7 @@ void resolve_pads(Problem& problem, AutoPad mode, const Attributes& attrs, c10::
 void check_spatial(const Problem& problem, c10::SymIntArrayRef in, c10::SymIntArrayRef windows,
                    const char* in_name, const char* name) {
   for (int64_t axis = 0; axis < problem.spatial_rank(); ++axis) {
-    const c10::SymInt eff_k = (problem.kernel_size[axis] - 1) * problem.dilation[axis] + 1;
+    const c10::SymInt eff_k = problem.dilated_kernel_size(axis);
     const c10::SymInt padded = in[axis] + problem.pad_begin[axis] + problem.pad_end[axis];
     CHECK_SIZES(padded.sym_ge(eff_k), name, ": spatial axis ", axis, ": ", in_name, " size ", in[axis],
                       " with pads (", problem.pad_begin[axis], ", ", problem.pad_end[axis],
@@ -164,7 +170,7 @@ void check_spatial(const Problem& problem, c10::SymIntArrayRef in, c10::SymIntAr
 // Reads kernel sizes from the shape argument and checks its channel entries.
 // `channels` are the expected canonical entries (A, B); `labels` name them.
 void read_shape(Problem& problem, c10::SymIntArrayRef shape, int64_t rank, const char* shape_name,
-                std::string_view format, const c10::SymInt (&channels)[2], const char* const (&labels)[2]) {
+                std::string_view format, const c10::SymInt (&channels)[2], const std::string (&labels)[2]) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(shape.size()) == rank + 2, shape_name, ": expected ", rank + 2,
                     " values (2 channel entries and ", rank, " kernel sizes), got ", shape.size(), ": ", shape);
   for (const auto& entry : shape)
@@ -176,15 +182,17 @@ void read_shape(Problem& problem, c10::SymIntArrayRef shape, int64_t rank, const
         std::find(problem.canonical_to_result.begin(), problem.canonical_to_result.end(), axis) -
         problem.canonical_to_result.begin();
     CHECK_SIZES(canonical[axis].sym_eq(channels[axis]), shape_name, ": expected entry ", position, " (",
-                      labels[axis], " in format '", format, "') to be ", channels[axis], ", got ",
-                      canonical[axis], " in ", shape);
+                labels[axis], " in format '", format, "') to be ", channels[axis], ", got ", canonical[axis],
+                " in ", shape);
   }
   problem.kernel_size.assign(canonical.begin() + 2, canonical.end());
+  for (const auto& size : problem.kernel_size)
+    CHECK_SIZES(size.sym_le(kMaxValue), shape_name, ": expected kernel sizes up to ", kMaxValue, ", got ", shape);
 }
 
 void check_groups(int64_t groups, const c10::SymInt& channels, const char* channels_name) {
   TORCH_CHECK_VALUE(groups >= 1, "groups: expected a positive value, got ", groups);
-  TORCH_CHECK_VALUE(channels % groups == 0, "groups: expected a divisor of the ", channels,
+  CHECK_SIZES((channels % groups).sym_eq(0), "groups: expected a divisor of the ", channels,
                     " channels of ", channels_name, ", got ", groups);
 }
 
@@ -196,14 +204,11 @@ struct OpKind {
   // SPEC section 4: the ConvTranspose weight gradient is the convolution
   // weight gradient with the data tensors' roles swapped.
   bool roles_swapped;
-  const char* labels[2];  // the canonical channel entries (A, B) in messages
+  const char* channel_names[2];  // the canonical channel entries (A, B) in messages
 };
 
-constexpr OpKind kConvolution{kConvolutionFormats, false,
-                              {"O, the channels of output_delta", "I, the channels of input_forward / groups"}};
-constexpr OpKind kConvTranspose{
-    kConvTransposeFormats, true,
-    {"IC, the channels of input_forward", "OC/groups, the channels of output_delta / groups"}};
+constexpr OpKind kConvolution{kConvolutionFormats, false, {"O", "I"}};
+constexpr OpKind kConvTranspose{kConvTransposeFormats, true, {"IC", "OC/groups"}};
 
 Problem resolve(const at::Tensor& input_forward, const at::Tensor& output_delta, const Attributes& attrs,
                 const ArgNames& names, const OpKind& kind) {
@@ -222,8 +227,13 @@ Problem resolve(const at::Tensor& input_forward, const at::Tensor& output_delta,
 
   check_groups(attrs.groups, input_forward.sym_size(problem.data_to_ncx[1]), names.input);
   check_groups(attrs.groups, output_delta.sym_size(problem.data_to_ncx[1]), names.output_delta);
+  // A counts the channels of the tensor playing grad_output, B those of the one playing input.
+  const char* a_tensor = kind.roles_swapped ? names.input : names.output_delta;
+  const char* b_tensor = kind.roles_swapped ? names.output_delta : names.input;
+  const std::string labels[2] = {std::string(kind.channel_names[0]) + ", the channels of " + a_tensor,
+                                 std::string(kind.channel_names[1]) + ", the channels of " + b_tensor + " / groups"};
   read_shape(problem, attrs.shape, rank, names.shape, attrs.format,
-             {problem.grad_output.sym_size(1), problem.input.sym_size(1) / attrs.groups}, kind.labels);
+             {problem.grad_output.sym_size(1), problem.input.sym_size(1) / attrs.groups}, labels);
 
   resolve_pads(problem, mode, attrs, spatial(problem.input));
   const char* input_name = kind.roles_swapped ? names.output_delta : names.input;
@@ -280,7 +290,7 @@ Problem resolve_conv_transpose(const at::Tensor& input_forward, const at::Tensor
       const int64_t bound = std::max(problem.stride[axis], problem.dilation[axis]);
       TORCH_CHECK_VALUE(output_padding[axis] < bound, "output_padding: expected values below max(stride, dilation) = ",
                         bound, " on spatial axis ", axis, ", got ", *attrs.output_padding);
-      const c10::SymInt eff_k = (problem.kernel_size[axis] - 1) * problem.dilation[axis] + 1;
+      const c10::SymInt eff_k = problem.dilated_kernel_size(axis);
       const c10::SymInt expected = problem.stride[axis] * (in_size[axis] - 1) + eff_k - problem.pad_begin[axis] -
                                    problem.pad_end[axis] + output_padding[axis];
       CHECK_SIZES(out_size[axis].sym_eq(expected), "output_padding: spatial axis ", axis, ": output_delta size ",

@@ -2,8 +2,8 @@
 //
 // Every spec attribute (strides, pads, auto_pad, dilations, groups, data and
 // filter formats, output_padding) is validated and resolved here, once, into a
-// `Problem`. Backends (CPU, CUDA, Meta, the autograd formulas) consume only the
-// `Problem`; none of them looks at an attribute again.
+// `Problem`. The kernels (CPU, CUDA, Meta, the backward formulas) consume only
+// the `Problem`; none of them looks at an attribute again.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -68,9 +68,11 @@ struct Problem {
   std::vector<int64_t> canonical_to_result;
 
   int64_t spatial_rank() const { return static_cast<int64_t>(kernel_size.size()); }
+  // eff_k = (k - 1) * d + 1 of SPEC section 3.
+  c10::SymInt dilated_kernel_size(int64_t axis) const { return (kernel_size[axis] - 1) * dilation[axis] + 1; }
   std::vector<c10::SymInt> canonical_shape() const;
   std::vector<c10::SymInt> result_shape() const;
-  // Input-forward/output-delta in the caller's order and layout -> views.
+  // An NCX tensor -> a view in the caller's data layout.
   at::Tensor to_caller_layout(const at::Tensor& ncx) const;
   at::Tensor canonical_from_result(const at::Tensor& result) const;
   at::Tensor result_from_canonical(const at::Tensor& canonical) const;
