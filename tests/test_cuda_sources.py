@@ -28,7 +28,9 @@ def test_cuda_source_compiles(source, tmp_path):
         header.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
         includes.append(f"-I{tmp_path}")
     command = [
-        NVCC, "-c", "-std=c++17", *includes, "-DPy_LIMITED_API=0x030A0000", *cpp_extension.COMMON_NVCC_FLAGS,
+        # The flags torch 2.13's CUDAExtension compiles .cu files with (less arch flags).
+        NVCC, "-c", "-std=c++20", *includes, "-DPy_LIMITED_API=0x030A0000", "-DTORCH_EXTENSION_NAME=_C",
+        "-DTORCH_API_INCLUDE_EXTENSION_H", *cpp_extension.COMMON_NVCC_FLAGS,
         "-Xcompiler", "-fPIC", str(source), "-o", str(tmp_path / "out.o"),
     ]
     result = subprocess.run(command, capture_output=True, text=True)

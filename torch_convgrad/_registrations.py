@@ -78,6 +78,11 @@ def _make_vmap_rule(op_name):
         def run_first_sample():
             return op(**dict(arguments, **dict(zip(names[:2], (samples[0][0], samples[1][0])))))
 
+        if batch == 0:
+            # Meta tensors of one sample's shape check the arguments and give the result's shape.
+            metas = [torch.empty(sample.shape[1:], dtype=sample.dtype, device="meta") for sample in samples]
+            shape = op(**dict(arguments, **dict(zip(names[:2], metas)))).shape
+            return samples[0].new_empty((0, *shape)), 0
         if axis is None or data_format not in ("NXC", "NCX"):
             return run_first_sample(), 0  # an unknown format: the op raises its usual error
         try:

@@ -2,10 +2,12 @@
 
 Every function here only turns Python-friendly arguments into the op schema's
 (an int becomes one value per spatial axis, a shape tensor becomes a list,
-``None`` for auto_pad becomes ``"none"``) and calls the registered op. All
-validation and semantics live in the C++ resolver (``csrc/problem.cpp``), so
-``torch.ops.torch_convgrad.*``, ``torch.compile`` and ``torch.export`` see the
-same op and raise the same errors.
+``None`` for auto_pad becomes ``"none"``) and calls the registered op. The
+semantics and the validation of the op's arguments live in the C++ resolver
+(``csrc/problem.cpp``), so ``torch.ops.torch_convgrad.*``, ``torch.compile`` and
+``torch.export`` see the same op and raise the same errors; Python checks only
+what the op never sees (a shape tensor's dtype and rank, the draft signature's
+``filters_shape``).
 """
 from __future__ import annotations
 
@@ -44,8 +46,11 @@ def _per_axis(value: Optional[IntOrInts], rank: int, name: str) -> Optional[list
     """An int means that value on every spatial axis; None means the default."""
     if value is None:
         return None
-    if isinstance(value, (int, torch.SymInt)) and not isinstance(value, bool):
-        return [value] * rank
+    if not isinstance(value, bool):
+        try:
+            return [operator.index(value)] * rank  # int, SymInt, numpy integer, 0-d integer tensor
+        except TypeError:
+            pass
     return _ints(value, name)
 
 

@@ -1,0 +1,101 @@
+"""Edge cases found in review: padding-only kernel taps, size overflow, argument
+types, vmap over an empty batch, the weights op's names in messages, and the
+backward with a shape tensor under torch.compile."""
+import numpy as np
+import pytest
+import torch
+
+import torch_convgrad
+from torch_convgrad import reference
+
+DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16]
+
+
+def _poison_allocator():
+    """Leave NaN in freed memory, so that an uninitialised result shows up."""
+    for size in (36, 64, 300, 1000, 5000):
+        torch.full((size,), float("nan"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("op", ["conv_backprop_filters", "conv_transpose_backprop_filters"])
+def test_kernel_taps_that_meet_only_padding_give_exact_zeros(op, dtype):
+    """Width 1, pads 2, kernel 3, stride 2: the middle tap never meets data. ATen's oneDNN
+    bf16 path leaves such entries uninitialised; the op must return zeros there."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 2, 3, 1, generator=generator).to(dtype)     # conv input / convT output_delta
+    dy = torch.randn(16, 2, 3, 2, generator=generator).to(dtype)    # conv output_delta / convT input
+    if op == "conv_transpose_backprop_filters":
+        x, dy = dy, x
+    kwargs = dict(strides=[1, 2], pads_begin=[1, 2], pads_end=[1, 2], data_format="NCX", filter_format="OIX")
+    expected = getattr(reference, op)(x, dy, [2, 2, 3, 3], **kwargs)
+    assert (expected[..., 1] == 0).all()  # the dead middle tap of the last axis
+    for _ in range(3):
+        _poison_allocator()
+        got = getattr(torch_convgrad, op)(x, dy, [2, 2, 3, 3], **kwargs)
+        assert torch.equal(got[..., 1], torch.zeros_like(got[..., 1]))
+        torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+
+
+@pytest.mark.parametrize("attribute", ["strides", "dilations", "pads_begin", "pads_end"])
+def test_attribute_values_above_int32_are_rejected(attribute):
+    x, dy = torch.randn(1, 1, 4), torch.randn(1, 1, 2)
+    with pytest.raises(ValueError, match=rf"{attribute}: expected values between \d and 2147483647"):
+        torch_convgrad.conv_backprop_filters(x, dy, [1, 1, 3], data_format="NCX", filter_format="OIX",
+                                             **{attribute: 2**62})
+
+
+def test_overflowing_kernel_sizes_are_rejected_by_real_and_meta_kernels():
+    for device in ("cpu", "meta"):
+        x, dy = torch.randn(1, 1, 4, device=device), torch.randn(1, 1, 1, device=device)
+        with pytest.raises(ValueError, match="filter_shape: expected kernel sizes up to 2147483647"):
+            torch_convgrad.conv_backprop_filters(x, dy, [1, 1, 2**32 + 1], dilations=2**31 - 1,
+                                                 data_format="NCX", filter_format="OIX")
+
+
+@pytest.mark.parametrize("value", [np.int64(2), np.int32(2), torch.tensor(2)], ids=["np.int64", "np.int32", "0-d"])
+def test_integer_likes_are_accepted_as_attributes(value):
+    x, dy = torch.randn(2, 3, 9, 9), torch.randn(2, 4, 4, 4)
+    got = torch_convgrad.conv_backprop_filters(x, dy, [4, 3, 3, 3], strides=value, data_format="NCX",
+                                               filter_format="OIX")
+    expected = torch_convgrad.conv_backprop_filters(x, dy, [4, 3, 3, 3], strides=2, data_format="NCX",
+                                                    filter_format="OIX")
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("op, shape", [("conv_backprop_filters", [3, 3, 2, 6]),
+                                       ("conv_transpose_backprop_filters", [3, 3, 6, 2])])
+def test_vmap_over_an_empty_batch(op, shape):
+    xs, dys = torch.randn(0, 2, 7, 7, 2), torch.randn(0, 2, 7, 7, 6)
+    if op == "conv_transpose_backprop_filters":
+        xs, dys = dys, xs
+    fn = getattr(torch_convgrad, op)
+    got = torch.func.vmap(lambda x, dy: fn(x, dy, shape, pads_begin=1, pads_end=1))(xs, dys)
+    assert got.shape == (0, *shape) and got.dtype == xs.dtype
+    with pytest.raises(ValueError, match="filter_shape"):
+        torch.func.vmap(lambda x, dy: fn(x, dy, [3, 3, 5, 5], pads_begin=1, pads_end=1))(xs, dys)
+
+
+def test_weights_op_messages_use_its_own_argument_names():
+    src, diff_dst = torch.randn(2, 8, 8, 4), torch.randn(2, 6, 6, 5)
+    with pytest.raises(ValueError) as info:
+        torch_convgrad.conv_backprop_weights(src, diff_dst, [3, 3, 4, 7])
+    message = str(info.value)
+    assert message.startswith("weights_shape:") and "diff_dst" in message
+    assert "output_delta" not in message and "input_forward" not in message
+
+
+def test_backward_compiles_with_a_shape_tensor():
+    x = torch.randn(2, 6, 7, 4, requires_grad=True)
+    dy = torch.randn(2, 3, 3, 6, requires_grad=True)
+
+    def fn(x, dy, shape):
+        return torch_convgrad.conv_backprop_filters(x, dy, shape, strides=2, pads_begin=[1, 0], pads_end=[0, 1],
+                                                    groups=2).square().sum()
+
+    shape = torch.tensor([3, 3, 2, 6])
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(x, dy, shape), (x, dy))
+    expected = torch.autograd.grad(fn(x, dy, shape.tolist()), (x, dy))
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
