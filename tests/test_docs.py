@@ -33,3 +33,13 @@ def test_notebook_cells_run(monkeypatch):
     for cell in cells:
         exec(compile(cell, "tour.ipynb", "exec"), namespace)
     assert namespace["per_sample"].shape == (16, 4, 3, 3, 3)
+
+
+def test_docstring_examples_run():
+    import doctest
+
+    import torch_convgrad.functional
+
+    results = doctest.testmod(torch_convgrad.functional, optionflags=doctest.ELLIPSIS)
+    assert results.attempted >= 8
+    assert results.failed == 0
