@@ -1,0 +1,46 @@
+// The algorithm layer: every way of computing a weight gradient is an
+// `Algorithm` in a file of its own under csrc/algorithms/. Each one answers
+// whether it supports a resolved `Problem` and at what estimated cost, and runs
+// it; `select_algorithm` (select.cpp) is the one place that picks.
+#pragma once
+
+#include "../problem.h"
+
+#include <string_view>
+
+namespace torch_convgrad {
+
+struct Algorithm {
+  // Stable name, used by the override (TORCH_CONVGRAD_ALGORITHM,
+  // torch_convgrad.use_algorithm) and reported by torch_convgrad.last_algorithm().
+  const char* name;
+  // Whether `run` computes this problem exactly (device, dtype, attributes).
+  bool (*supports)(const Problem& problem);
+  // Estimated seconds on this machine; only compared between algorithms.
+  double (*cost)(const Problem& problem);
+  // The weight gradient as a new contiguous tensor in the requested format,
+  // with f16/bf16 accumulated in float32.
+  at::Tensor (*run)(const Problem& problem);
+};
+
+// The algorithms, one per file.
+extern const Algorithm kAtenAlgorithm;             // aten.cpp: ATen in the caller's layout
+extern const Algorithm kAtenChannelsLastAlgorithm; // aten.cpp: one copy to channels-last, then ATen
+extern const Algorithm kGemmAlgorithm;             // gemm.cpp: one GEMM per kernel tap
+extern const Algorithm kDepthwiseAlgorithm;        // depthwise.cpp: direct CPU kernel, groups == channels
+
+// Concrete (non-symbolic) sizes of a problem lifted to three spatial axes
+// (missing leading axes have size 1, kernel 1, stride 1, no padding), the
+// form the hand-written algorithms work on.
+struct Geometry {
+  int64_t batch, in_channels, out_channels, groups;
+  int64_t in[3], out[3], kernel[3], stride[3], dilation[3], pad_begin[3];
+  int64_t taps() const { return kernel[0] * kernel[1] * kernel[2]; }
+  // Multiply-adds of the weight gradient: N * Y * O * C/g * K.
+  double macs() const;
+  // Bytes of the two data tensors at `element_size` bytes each.
+  double data_bytes(int64_t element_size) const;
+};
+Geometry geometry_of(const Problem& problem);
+
+}  // namespace torch_convgrad

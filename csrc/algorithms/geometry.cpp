@@ -1,0 +1,36 @@
+#include "algorithm.h"
+
+namespace torch_convgrad {
+
+Geometry geometry_of(const Problem& problem) {
+  Geometry g{};
+  g.batch = problem.input.size(0);
+  g.in_channels = problem.input.size(1);
+  g.out_channels = problem.grad_output.size(1);
+  g.groups = problem.groups;
+  const int64_t rank = problem.spatial_rank();
+  const int64_t lead = 3 - rank;
+  for (int64_t axis = 0; axis < 3; ++axis) {
+    const bool lifted = axis < lead;
+    const int64_t source = axis - lead;
+    g.in[axis] = lifted ? 1 : problem.input.size(2 + source);
+    g.out[axis] = lifted ? 1 : problem.grad_output.size(2 + source);
+    g.kernel[axis] = lifted ? 1 : problem.kernel_size[source].expect_int();
+    g.stride[axis] = lifted ? 1 : problem.stride[source];
+    g.dilation[axis] = lifted ? 1 : problem.dilation[source];
+    g.pad_begin[axis] = lifted ? 0 : problem.pad_begin[source].expect_int();
+  }
+  return g;
+}
+
+double Geometry::macs() const {
+  return static_cast<double>(batch) * out[0] * out[1] * out[2] * out_channels * (in_channels / groups) * taps();
+}
+
+double Geometry::data_bytes(int64_t element_size) const {
+  const double input = static_cast<double>(batch) * in_channels * in[0] * in[1] * in[2];
+  const double grad_output = static_cast<double>(batch) * out_channels * out[0] * out[1] * out[2];
+  return (input + grad_output) * static_cast<double>(element_size);
+}
+
+}  // namespace torch_convgrad
