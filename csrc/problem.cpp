@@ -2,8 +2,10 @@
 // This is the only place that interprets an attribute.
 #include "problem.h"
 
+#include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
+#include <c10/util/strides.h>
 
 #include <algorithm>
 #include <cctype>
@@ -271,6 +273,20 @@ at::Tensor Problem::canonical_from_result(const at::Tensor& result) const {
 
 at::Tensor Problem::result_from_canonical(const at::Tensor& canonical) const {
   return canonical.permute(canonical_to_result);
+}
+
+at::Tensor Problem::finish(const at::Tensor& canonical) const {
+  at::Tensor result = result_from_canonical(canonical.to(input.scalar_type()));
+  if (result.strides() != c10::IntArrayRef(c10::contiguous_strides(result.sizes())))
+    result = at::empty(result.sizes(), result.options()).copy_(result);
+  return result;
+}
+
+std::vector<c10::SymInt> Problem::window_reach() const {
+  std::vector<c10::SymInt> reach;
+  for (int64_t axis = 0; axis < spatial_rank(); ++axis)
+    reach.push_back((grad_output.sym_size(2 + axis) - 1) * stride[axis] + dilated_kernel_size(axis));
+  return reach;
 }
 
 Problem resolve_convolution(const at::Tensor& input_forward, const at::Tensor& output_delta,

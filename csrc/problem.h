@@ -76,6 +76,13 @@ struct Problem {
   at::Tensor to_caller_layout(const at::Tensor& ncx) const;
   at::Tensor canonical_from_result(const at::Tensor& result) const;
   at::Tensor result_from_canonical(const at::Tensor& canonical) const;
+  // The canonical (A, B, K...) weight gradient, in any dtype and layout, as
+  // the op's result: a new contiguous tensor in the requested format and the
+  // input's dtype.
+  at::Tensor finish(const at::Tensor& canonical) const;
+  // Per spatial axis, the windows cover padded positions [0, reach) with
+  // reach = (Y - 1) * s + eff_k; input elements past reach - pad_begin are unused.
+  std::vector<c10::SymInt> window_reach() const;
 };
 
 // conv_backprop_filters / conv_backprop_weights / the draft signature.

@@ -10,10 +10,8 @@ namespace torch_convgrad {
 
 // The weight gradient as a new contiguous tensor in the requested format.
 //
-// This is the one place where the algorithm is chosen; today every problem
-// maps onto ATen's convolution weight gradient, fed NCX views of the caller's
-// data, only the padding the windows reach, and f16/bf16 in float32 unless
-// ATen's backend for the problem accumulates in float32 itself.
+// Problems whose windows meet no input give zeros; every other problem runs
+// the algorithm that csrc/algorithms/select.cpp picks for it.
 at::Tensor weight_gradient(const Problem& problem);
 
 // Gradients of <grad, weight_gradient(problem)> with respect to the caller's

@@ -1,0 +1,74 @@
+"""Which algorithm computes a weight gradient, and forcing one.
+
+Every call picks, in C++ (``csrc/algorithms/select.cpp``), the cheapest
+algorithm that supports its problem by a cost model measured on each device:
+
+- ``"aten"``: ATen's convolution weight gradient (oneDNN, cuDNN) on the data as given;
+- ``"aten_channels_last"``: one copy to channels-last memory, then ATen;
+- ``"gemm"``: one matrix product per kernel tap over the (sample, spatial) rows,
+  on the data as given or packed once into zero-padded channels-last planes;
+- ``"depthwise"``: a vectorised CPU kernel for ``groups == channels``.
+
+Every algorithm gives the same values to rounding, accumulates f16/bf16 in
+float32 and is deterministic. Forcing one (``use_algorithm`` or the environment
+variable ``TORCH_CONVGRAD_ALGORITHM``) is for tests and measurements; a forced
+algorithm that does not support a problem leaves that problem to the selector.
+The override is process-wide, like ``torch.backends`` flags.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from typing import Iterator, Optional, Tuple
+
+from . import _C
+
+__all__ = ["algorithm_names", "last_algorithm", "use_algorithm"]
+
+# The extension module has no Python API (it is built against the stable ABI);
+# these plain C functions live in the same library.
+_library = ctypes.CDLL(_C.__file__)
+_library.torch_convgrad_force_algorithm.argtypes = [ctypes.c_char_p]
+_library.torch_convgrad_force_algorithm.restype = ctypes.c_int
+for _name in ("torch_convgrad_forced_algorithm", "torch_convgrad_last_algorithm", "torch_convgrad_algorithm_names"):
+    getattr(_library, _name).argtypes = []
+    getattr(_library, _name).restype = ctypes.c_char_p
+
+
+def algorithm_names() -> Tuple[str, ...]:
+    """The names ``use_algorithm`` accepts, e.g. ``('aten', 'gemm', ...)``."""
+    return tuple(_library.torch_convgrad_algorithm_names().decode().split(","))
+
+
+def last_algorithm() -> Optional[str]:
+    """The algorithm of this thread's last weight gradient computed on CPU or CUDA.
+
+    ``None`` when it needed none (an empty batch, or windows that meet only
+    padding, give zeros) or no op has run yet.
+
+    Example::
+
+        >>> x, dy = torch.randn(2, 8, 8, 4), torch.randn(2, 8, 8, 4)
+        >>> with use_algorithm("gemm"):
+        ...     _ = torch_convgrad.conv_backprop_filters(x, dy, [3, 3, 4, 4], pads_begin=1, pads_end=1)
+        >>> last_algorithm()
+        'gemm'
+    """
+    return _library.torch_convgrad_last_algorithm().decode() or None
+
+
+@contextlib.contextmanager
+def use_algorithm(name: Optional[str]) -> Iterator[None]:
+    """Forces algorithm ``name`` (one of ``algorithm_names()``) inside the block; ``None`` lifts any override.
+
+    Problems the forced algorithm does not support still run, on the algorithm
+    the selector picks; ``last_algorithm()`` tells which one ran.
+    """
+    if name is not None and name not in algorithm_names():
+        raise ValueError(f"name: expected one of {', '.join(algorithm_names())} or None, got {name!r}")
+    previous = _library.torch_convgrad_forced_algorithm()
+    _library.torch_convgrad_force_algorithm(name.encode() if name else None)
+    try:
+        yield
+    finally:
+        _library.torch_convgrad_force_algorithm(previous or None)
