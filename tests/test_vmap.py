@@ -210,12 +210,6 @@ def test_per_sample_weight_gradients(stride):
     torch.testing.assert_close(nxc.permute(0, 4, 3, 1, 2), functorch_grads, rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=RuntimeError,
-    reason="torch.func.grad through an op whose autograd comes from torch.library.register_autograd "
-           "fails in this torch ('must override the setup_context staticmethod'): upstream "
-           "pytorch/pytorch#170834 / #168393. torch.autograd.grad works (test_autograd.py). "
-           "Remove this mark when torch ships the fix.")
 def test_func_grad_through_the_op():
     """torch.func.grad (and vmap over it) through the op: per-sample gradients w.r.t. the
     inputs of a function that uses the op equal the loop of torch.autograd.grad."""

@@ -1,9 +1,4 @@
-"""Autograd and vmap rules for the ops.
-
-Autograd: the weight gradient is bilinear in (input_forward, output_delta); its
-gradients are computed by the ``*_backward`` ops, which are C++
-CompositeImplicitAutograd formulas over ATen convolutions (csrc/composite/),
-so they are differentiable again and trace under torch.compile.
+"""vmap rules for the ops (autograd is in C++: csrc/autograd/).
 
 vmap: a batch of problems is one problem with the batch folded into the
 channels and ``groups * B`` groups, so per-sample weight gradients cost one
@@ -15,13 +10,6 @@ import torch
 
 _ops = torch.ops.torch_convgrad
 
-# op name -> the op computing its gradients w.r.t. (input_forward, output_delta)
-_BACKWARD = {
-    "conv_backprop_filters": _ops.conv_backprop_filters_backward,
-    "conv_backprop_weights": _ops.conv_backprop_filters_backward,
-    "conv_transpose_backprop_filters": _ops.conv_transpose_backprop_filters_backward,
-}
-
 # Where the filter axis that spans all groups (conv: O; ConvTranspose: IC)
 # stands in each filter format; vmap multiplies that axis by the batch.
 _GROUPED_AXIS = {
@@ -29,24 +17,6 @@ _GROUPED_AXIS = {
     "conv_backprop_weights": {"XIO": -1, "OIX": 0},
     "conv_transpose_backprop_filters": {"XIO": -2, "OIX": 1, "IOX": 0, "XOI": -1},
 }
-
-
-def _setup_context(ctx, inputs, output):
-    input_forward, output_delta, *attributes = inputs
-    ctx.save_for_backward(input_forward, output_delta)
-    ctx.attributes = attributes
-
-
-def _make_backward(backward_op):
-    def backward(ctx, grad):
-        input_forward, output_delta = ctx.saved_tensors
-        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1]]
-        grad_input, grad_delta = backward_op(
-            grad, input_forward, output_delta, *ctx.attributes, output_mask=mask
-        )
-        return (grad_input, grad_delta) + (None,) * len(ctx.attributes)
-
-    return backward
 
 
 def _batch_first(tensor, dim, batch_size):
@@ -105,8 +75,5 @@ def _make_vmap_rule(op_name):
     return rule
 
 
-for _name, _backward_op in _BACKWARD.items():
-    torch.library.register_autograd(
-        f"torch_convgrad::{_name}", _make_backward(_backward_op), setup_context=_setup_context
-    )
+for _name in _GROUPED_AXIS:
     torch.library.register_vmap(f"torch_convgrad::{_name}", _make_vmap_rule(_name))
