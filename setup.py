@@ -28,12 +28,19 @@ def extension():
     # torch it was built against.
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/*/*.cpp"))
     cxx_flags = ["-O3", "-fdiagnostics-color=always"]
+    link_flags = []
+    # at::parallel_for is header code: without OpenMP it runs on one thread.
+    # torch's own libgomp then serves both.
+    if torch.backends.openmp.is_available():
+        cxx_flags.append("-fopenmp")
+        link_flags.append("-fopenmp")
     if want_cuda():
         print(f"torch_convgrad: building CPU and CUDA kernels (nvcc from {CUDA_HOME})")
         return CUDAExtension(
             "torch_convgrad._C",
             sources + sorted(glob.glob("csrc/cuda/*.cu")),
             extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3"]},
+            extra_link_args=link_flags,
             py_limited_api=True,
         )
     reason = "torch has no CUDA" if torch.version.cuda is None else "CUDA disabled or nvcc not found"
@@ -42,6 +49,7 @@ def extension():
         "torch_convgrad._C",
         sources,
         extra_compile_args={"cxx": cxx_flags},
+        extra_link_args=link_flags,
         py_limited_api=True,
     )
 

@@ -17,7 +17,7 @@ namespace torch_convgrad {
 namespace {
 
 // In the order ties are broken.
-const Algorithm* const kAlgorithms[] = {&kAtenAlgorithm, &kGemmAlgorithm, /*&kDepthwiseAlgorithm,*/
+const Algorithm* const kAlgorithms[] = {&kAtenAlgorithm, &kGemmAlgorithm, &kDepthwiseAlgorithm,
                                         &kAtenChannelsLastAlgorithm};
 
 const Algorithm* find_algorithm(const char* name) {
