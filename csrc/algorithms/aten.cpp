@@ -167,12 +167,14 @@ bool not_yet_channels_last(const Problem& problem) {
 }
 
 // Estimated seconds. CPU figures were measured with torch 2.13 on an AMD EPYC
-// (Zen 3, AVX2, 2 threads): oneDNN's f32 weight gradient runs ResNet 3x3 at
-// about 13 GMAC/s on NXC data and 18 on NCX, depthwise at about 3 GB/s, and
-// f16/bf16 without a native backend pay a float32 conversion. On AVX-512
-// CPUs oneDNN and, on GPUs, cuDNN run much faster on channels-last data
-// (issue 7's H100 figures: NCX against NHWC, f32 1x1 2.0x, f32 depthwise
-// 4.4x, bf16 3x3 2.3x, bf16 1x1 4.6x, bf16 depthwise 6.1x).
+// (Zen 3, AVX2, 2 threads) over ResNet, U-Net, DCGAN, audio and video layers:
+// oneDNN's f32 weight gradient runs at about 25 GMAC/s on NXC data and 32 on
+// NCX, about 1.5 times that with 256 or more channels a side, 1x1 on NCX at
+// about half; depthwise at about 3 GB/s; f16/bf16 without a native backend
+// pay a float32 conversion. On AVX-512 CPUs oneDNN and, on GPUs, cuDNN run
+// much faster on channels-last data (issue 7's H100 figures: NCX against
+// NHWC, f32 1x1 2.0x, f32 depthwise 4.4x, bf16 3x3 2.3x, bf16 1x1 4.6x, bf16
+// depthwise 6.1x).
 double estimated_seconds(const Problem& problem, bool channels_last) {
   const Geometry g = geometry_of(problem);
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
@@ -190,12 +192,14 @@ double estimated_seconds(const Problem& problem, bool channels_last) {
   }
   static const bool avx512 = at::get_cpu_capability().rfind("AVX512", 0) == 0;
   const bool nxc = channels_last || is_channels_last(problem.input);
-  double seconds = 25e-6 + copy_bytes / 10e9;
+  double seconds = 25e-6 + copy_bytes / 6e9;
   if (depthwise) {
     seconds += g.data_bytes(element_size) / (nxc && avx512 ? 20e9 : 3e9);
   } else {
-    const double nxc_rate = avx512 ? 2.1 * 18e9 : 13e9;
-    const double macs_per_second = (nxc ? nxc_rate : 18e9) / (problem.input.scalar_type() == at::kDouble ? 2 : 1);
+    double macs_per_second = nxc ? (avx512 ? 2.1 * 32e9 : 25e9) : 32e9;
+    if (g.in_channels / g.groups >= 256 && g.out_channels / g.groups >= 256) macs_per_second *= 1.5;
+    if (pointwise && !nxc) macs_per_second *= 0.5;
+    if (problem.input.scalar_type() == at::kDouble) macs_per_second /= 2;
     seconds += g.macs() / macs_per_second;
   }
   if (reduced) seconds += g.data_bytes(4) * 2 / 10e9;
