@@ -20,15 +20,20 @@ CASES = [(1, 32, (512,)), (2, 16, (32, 32)), (3, 4, (8, 16, 16))]
 @pytest.mark.parametrize("rank, batch, spatial", CASES, ids=lambda case: str(case))
 @pytest.mark.parametrize("op", ["conv_backprop_filters", "conv_transpose_backprop_filters"])
 @pytest.mark.parametrize("onednn", [True, False], ids=["onednn", "no-onednn"])
-def test_long_reductions_accumulate_in_float32(op, rank, batch, spatial, dtype, onednn):
-    """With oneDNN off, ATen's slow paths sum in the low precision, so the op computes in float32."""
+@pytest.mark.parametrize("groups", [1, 4], ids=["dense", "depthwise"])
+@pytest.mark.parametrize("algorithm", torch_convgrad.algorithm_names())
+def test_long_reductions_accumulate_in_float32(op, rank, batch, spatial, dtype, onednn, groups, algorithm):
+    """Every algorithm accumulates in float32; with oneDNN off, ATen's slow paths would sum in
+    the low precision, so the ATen algorithms then compute in float32."""
     generator = torch.Generator().manual_seed(rank)
     channels = 4
     x = torch.rand(batch, channels, *spatial, generator=generator).to(dtype)
     dy = torch.rand(batch, channels, *spatial, generator=generator).to(dtype)
-    shape = [channels, channels, *([3] * rank)]
-    kwargs = dict(pads_begin=1, pads_end=1, data_format="NCX", filter_format="OIX")
-    with torch.backends.mkldnn.flags(enabled=onednn):
+    # OIX: (O, C/g, K) for a convolution, (OC/g, IC, K) for a ConvTranspose.
+    channel_entries = [channels, channels // groups] if op == "conv_backprop_filters" else [channels // groups, channels]
+    shape = [*channel_entries, *([3] * rank)]
+    kwargs = dict(pads_begin=1, pads_end=1, groups=groups, data_format="NCX", filter_format="OIX")
+    with torch.backends.mkldnn.flags(enabled=onednn), torch_convgrad.use_algorithm(algorithm):
         got = getattr(torch_convgrad, op)(x, dy, shape, **kwargs)
     expected = getattr(reference, op)(x, dy, shape, **kwargs)
     assert got.dtype == dtype

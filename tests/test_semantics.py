@@ -1,5 +1,6 @@
 """torch_convgrad against the float64 reference (SPEC.md sections 1-6)."""
 
+import functools
 import random
 from dataclasses import dataclass
 
@@ -11,6 +12,8 @@ from conftest import (DTYPES, LAYOUTS, REF, assert_matches_ref, check_result, da
                       short, with_layout)
 
 OPS = torch.ops.torch_convgrad
+# None: the selector's choice; then each algorithm forced.
+ALGORITHMS = [None, *torch_convgrad.algorithm_names()]
 
 FORMATS = {
     "filters": ["XIO", "OIX"],
@@ -260,14 +263,39 @@ def build_problem(case):
     return x_shape, dy_shape, shape, attrs
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_sweep(case):
+# Algorithms that support every problem: forcing one must run it. The others
+# run where they apply (test_algorithms.py checks where) and leave the rest to
+# the selector.
+UNIVERSAL = ("aten", "gemm")
+
+
+def call_with(algorithm, op, x, dy, shape, fmt, **attrs):
+    """``call`` with ``algorithm`` forced (None: the selector's choice); checks it ran where it must."""
+    with torch_convgrad.use_algorithm(algorithm):
+        out = call(op, x, dy, shape, fmt, **attrs)
+        ran = torch_convgrad.last_algorithm()
+    if algorithm in UNIVERSAL:
+        assert ran in (algorithm, None), ran  # None: zeros without any algorithm
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def sweep_data(case):
+    """(x, dy, shape, attrs, float64 reference) of a sweep case, computed once for every algorithm."""
     x_shape, dy_shape, shape, attrs = build_problem(case)
     x = rand(x_shape, case.dtype, seed=2 * case.index, layout=case.layout)
     dy = rand(dy_shape, case.dtype, seed=2 * case.index + 1, layout=case.layout)
-    out = call(case.op, x, dy, shape, case.fmt, **attrs)
+    return x, dy, shape, attrs, call_ref(case.op, x, dy, shape, case.fmt, **attrs)
+
+
+# The sweep runs through every algorithm forced (the selector's own choice is
+# one of them); CASES come first so each case's data is built once.
+@pytest.mark.parametrize("algorithm", torch_convgrad.algorithm_names())
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_sweep(case, algorithm):
+    x, dy, shape, attrs, ref = sweep_data(case)
+    out = call_with(algorithm, case.op, x, dy, shape, case.fmt, **attrs)
     check_result(out, x, shape)
-    ref = call_ref(case.op, x, dy, shape, case.fmt, **attrs)
     assert_matches_ref(out, ref, case.dtype)
 
 
@@ -296,10 +324,11 @@ LARGER = [
 ]
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
 @pytest.mark.parametrize("op,data_format,fmt,dtype,layout,n,c,o,g,big,ks,attrs", LARGER,
                          ids=[f"{v[0]}-{v[1]}-{v[2]}-{short(v[3])}-{v[4]}-r{len(v[9])}"
                               for v in LARGER])
-def test_larger_problems(op, data_format, fmt, dtype, layout, n, c, o, g, big, ks, attrs):
+def test_larger_problems(op, data_format, fmt, dtype, layout, n, c, o, g, big, ks, attrs, algorithm):
     # Sizes big enough for ATen/oneDNN's blocked and vectorised paths.
     r = len(big)
     s = REF._ints(attrs.get("strides"), r, 1)
@@ -312,7 +341,7 @@ def test_larger_problems(op, data_format, fmt, dtype, layout, n, c, o, g, big, k
     dy = rand(data_shape(n, o, dy_sp, data_format), dtype, seed=72, layout=layout)
     shape = filter_shape(op, fmt, c, o, g, ks)
     attrs = dict(attrs, groups=g, data_format=data_format)
-    out = call(op, x, dy, shape, fmt, **attrs)
+    out = call_with(algorithm, op, x, dy, shape, fmt, **attrs)
     check_result(out, x, shape)
     assert_matches_ref(out, call_ref(op, x, dy, shape, fmt, **attrs), dtype)
 

@@ -1,0 +1,134 @@
+"""The algorithm layer: the override, which algorithm runs where, and what every algorithm promises.
+
+Correctness of every algorithm against the float64 reference is in the sweeps
+(test_semantics.py, test_precision.py), which run once per forced algorithm.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torch_convgrad
+from conftest import REF, assert_matches_ref, rand
+
+NAMES = torch_convgrad.algorithm_names()
+
+
+def dense_problem(data_format="NXC", dtype=torch.float32, n=2, c=8, o=6, size=(9, 7)):
+    """A 3x3 convolution with asymmetric pads: (x, dy, shape, attributes)."""
+    out = [(s + 1 + 2 - 3) // 2 + 1 for s in size]
+    to_format = (lambda t: t.movedim(1, -1).contiguous()) if data_format == "NXC" else (lambda t: t)
+    x = to_format(rand([n, c, *size], dtype, seed=1))
+    dy = to_format(rand([n, o, *out], dtype, seed=2))
+    return x, dy, [o, c, 3, 3], dict(strides=2, pads_begin=1, pads_end=2, data_format=data_format,
+                                     filter_format="OIX")
+
+
+def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16):
+    to_format = (lambda t: t.movedim(1, -1).contiguous()) if data_format == "NXC" else (lambda t: t)
+    x = to_format(rand([2, c, 10, 11], dtype, seed=3))
+    dy = to_format(rand([2, c, 10, 11], dtype, seed=4))
+    return x, dy, [c, 1, 3, 3], dict(pads_begin=1, pads_end=1, groups=c, data_format=data_format,
+                                     filter_format="OIX")
+
+
+def run(algorithm, x, dy, shape, attributes):
+    with torch_convgrad.use_algorithm(algorithm):
+        out = torch_convgrad.conv_backprop_filters(x, dy, shape, **attributes)
+        return out, torch_convgrad.last_algorithm()
+
+
+def test_the_algorithms():
+    assert set(NAMES) == {"aten", "aten_channels_last", "gemm", "depthwise"}
+
+
+@pytest.mark.parametrize("algorithm", NAMES)
+def test_forcing_runs_the_algorithm_where_it_applies(algorithm):
+    problem = depthwise_problem("NCX") if algorithm == "depthwise" else dense_problem("NCX")
+    out, ran = run(algorithm, *problem)
+    assert ran == algorithm
+    assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), torch.float32)
+
+
+def test_an_algorithm_that_does_not_apply_leaves_the_problem_to_the_selector():
+    # depthwise needs groups == channels; channels-last data needs no channels-last copy.
+    assert run("depthwise", *dense_problem())[1] != "depthwise"
+    assert run("aten_channels_last", *dense_problem("NXC"))[1] != "aten_channels_last"
+    assert run(None, *dense_problem())[1] in NAMES
+
+
+def test_zeros_need_no_algorithm():
+    x, dy, shape, attributes = dense_problem()
+    out, ran = run("gemm", x[:0], dy[:0], shape, attributes)
+    assert ran is None and out.abs().sum() == 0
+
+
+def test_use_algorithm_nests_and_restores():
+    problem = dense_problem()
+    with torch_convgrad.use_algorithm("gemm"):
+        with torch_convgrad.use_algorithm("aten"):
+            assert run("aten", *problem)[1] == "aten"
+        torch_convgrad.conv_backprop_filters(*problem[:3], **problem[3])
+        assert torch_convgrad.last_algorithm() == "gemm"
+        with torch_convgrad.use_algorithm(None):
+            torch_convgrad.conv_backprop_filters(*problem[:3], **problem[3])
+            chosen = torch_convgrad.last_algorithm()
+    torch_convgrad.conv_backprop_filters(*problem[:3], **problem[3])
+    assert torch_convgrad.last_algorithm() == chosen
+
+
+def test_use_algorithm_rejects_unknown_names():
+    with pytest.raises(ValueError, match="name: expected one of .*gemm.* got 'winograd'"):
+        with torch_convgrad.use_algorithm("winograd"):
+            pass
+
+
+def _in_child(code, algorithm):
+    env = dict(os.environ, TORCH_CONVGRAD_ALGORITHM=algorithm)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+CHILD = """
+import torch, torch_convgrad
+x, dy = torch.randn(2, 9, 9, 4), torch.randn(2, 9, 9, 4)
+try:
+    torch_convgrad.conv_backprop_filters(x, dy, [3, 3, 4, 4], pads_begin=1, pads_end=1)
+    print("ran", torch_convgrad.last_algorithm())
+except ValueError as error:
+    print("ValueError", error)
+"""
+
+
+def test_environment_variable_forces_an_algorithm():
+    assert _in_child(CHILD, "gemm").stdout.split() == ["ran", "gemm"]
+
+
+def test_environment_variable_with_an_unknown_name_raises_on_first_call():
+    out = _in_child(CHILD, "winograd").stdout
+    assert out.startswith("ValueError TORCH_CONVGRAD_ALGORITHM: expected one of") and "'winograd'" in out, out
+
+
+@pytest.mark.parametrize("algorithm", NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_algorithm_is_deterministic(algorithm, dtype):
+    problem = depthwise_problem("NXC", dtype, c=32) if algorithm == "depthwise" else dense_problem("NCX", dtype, 4, 32, 32, (30, 28))
+    with torch_convgrad.use_algorithm(algorithm):
+        first = torch_convgrad.conv_backprop_filters(*problem[:3], **problem[3])
+        assert torch_convgrad.last_algorithm() == algorithm
+        for _ in range(3):
+            assert torch.equal(torch_convgrad.conv_backprop_filters(*problem[:3], **problem[3]), first)
+
+
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_the_selector_avoids_slow_paths(data_format):
+    """Choices that hold on any CPU: the dedicated kernel for depthwise problems, and GEMMs for
+    wide 1x1 problems (a plain product, which ATen computes through its convolution machinery)."""
+    assert run(None, *depthwise_problem(data_format, c=64))[1] == "depthwise"
+    x = rand([8, 256, 14, 14], seed=5)
+    dy = rand([8, 256, 14, 14], seed=6)
+    if data_format == "NXC":
+        x, dy = x.movedim(1, -1).contiguous(), dy.movedim(1, -1).contiguous()
+    ran = run(None, x, dy, [256, 256, 1, 1], dict(data_format=data_format, filter_format="OIX"))[1]
+    assert ran == "gemm"
