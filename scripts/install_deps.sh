@@ -16,4 +16,4 @@ PY
 then
   "$PYTHON" -m pip install --quiet "torch==2.13.0"
 fi
-"$PYTHON" -m pip install --quiet ninja pytest "setuptools>=64" wheel
+"$PYTHON" -m pip install --quiet ninja "setuptools>=64" wheel -r "$(dirname "$0")/../requirements-test.txt"
