@@ -35,7 +35,13 @@ def _spatial_rank(data: Tensor) -> int:
     return max(data.dim() - 2, 0) if isinstance(data, Tensor) else 0
 
 
+def _is_int_list(value) -> bool:
+    return type(value) is list and all(type(item) is int for item in value)
+
+
 def _ints(value, name: str) -> list:
+    if _is_int_list(value):
+        return value
     try:
         return [operator.index(item) for item in value]
     except TypeError:
@@ -44,11 +50,15 @@ def _ints(value, name: str) -> list:
 
 def _per_axis(value: Optional[IntOrInts], rank: int, name: str) -> Optional[list]:
     """An int means that value on every spatial axis; None means the default."""
-    if value is None:
-        return None
-    if not isinstance(value, bool):
+    # The common forms first, checked by exact type: cheap per call, and
+    # traced by every supported dynamo without an exception probe.
+    if value is None or _is_int_list(value):
+        return value
+    if type(value) is int:
+        return [value] * rank
+    if not isinstance(value, (bool, list, tuple)):
         try:
-            return [operator.index(value)] * rank  # int, SymInt, numpy integer, 0-d integer tensor
+            return [operator.index(value)] * rank  # SymInt, numpy integer, 0-d integer tensor
         except TypeError:
             pass
     return _ints(value, name)
@@ -68,6 +78,8 @@ def _shape(shape: Optional[Shape], name: str) -> list:
 
 
 def _string(value: Optional[str], name: str, default: str) -> str:
+    if type(value) is str:
+        return value
     if value is None:
         return default
     if not isinstance(value, str):
