@@ -4,6 +4,9 @@ Prints the versions and which dispatch keys have kernels, runs each public
 function on sample data (every data layout and filter format, asymmetric and
 automatic pads, groups, strides, dilations) and compares it with the float64
 reference of ``torch_convgrad.reference``. Exits 1 on any mismatch.
+
+``python -m torch_convgrad bench [options]`` runs the benchmark instead
+(``torch_convgrad.benchmark``; ``bench --help`` lists the options).
 """
 from __future__ import annotations
 
@@ -76,7 +79,15 @@ def check(device: str) -> int:
     return failures
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:
+        from torch_convgrad import benchmark  # only the benchmark needs its imports
+
+        return benchmark.main(argv[1:])
+    if argv:
+        print(f"usage: python -m torch_convgrad [bench [options]]; got {' '.join(argv)}", file=sys.stderr)
+        return 2
     print(f"torch_convgrad {torch_convgrad.__version__}, torch {torch.__version__}, "
           f"CUDA {torch.version.cuda or 'none'} (available: {torch.cuda.is_available()})")
     for op in OPS:

@@ -1,0 +1,128 @@
+"""The benchmark, `python -m torch_convgrad bench`: its glue is right, and it prints what it promises.
+
+Tiny synthetic cases keep this fast; nothing here asserts a timing.
+"""
+import sys
+
+import pytest
+import torch
+
+import torch_convgrad
+from torch_convgrad import benchmark, reference
+from torch_convgrad.__main__ import main as cli_main
+from torch_convgrad.benchmark import Case, Problem
+
+# Asymmetric pads, strides and groups in 1-D, 2-D and 3-D, for each op kind.
+TINY_CASES = [
+    Case("tiny conv 1-D", 2, 3, 4, (11,), (3,), stride=2, pads_begin=(1,), pads_end=(0,)),
+    Case("tiny conv 2-D g2", 2, 4, 6, (9, 8), (3, 2), stride=2, pads_begin=(0, 1), pads_end=(1, 0), groups=2),
+    Case("tiny convT 2-D g2", 2, 4, 6, (3, 4), (2, 3), stride=2, pads_begin=(0, 1), pads_end=(1, 1), groups=2,
+         transposed=True),
+    Case("tiny convT 3-D", 1, 2, 4, (3, 3, 3), (2, 2, 2), stride=2, pads_begin=(0, 1, 1), pads_end=(1, 0, 1),
+         transposed=True),
+]
+PROBLEMS = [(case, op, layout) for case in TINY_CASES for op in case.ops for layout in benchmark.LAYOUTS]
+
+
+def _id(problem):
+    case, op, layout = problem
+    return f"{case.name}-{op}-{layout}"
+
+
+@pytest.fixture
+def fixed_roofline(monkeypatch):
+    """Skip measuring the roofline (about a second) where a test does not look at it."""
+    roofline = benchmark.Roofline({dtype: 1e11 for dtype in benchmark.DTYPES.values()}, 1e10)
+    monkeypatch.setattr(benchmark, "measure_roofline", lambda *args: roofline)
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=_id)
+def test_glue_equals_the_float64_reference(problem):
+    case, op, layout = problem
+    tiny = Problem.make(case, op, layout, torch.float64, "cpu", torch.Generator().manual_seed(0))
+    glue = tiny.glue()
+    assert list(glue.shape) == case.filter_shape(layout) and glue.is_contiguous()
+    torch.testing.assert_close(glue, tiny.ours(api=reference), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", benchmark.DTYPES.values(), ids=benchmark.DTYPES.keys())
+@pytest.mark.parametrize("problem", PROBLEMS, ids=_id)
+def test_ours_equals_the_glue(problem, dtype):
+    assert Problem.make(*problem, dtype, "cpu", torch.Generator().manual_seed(0)).mismatch() is None
+
+
+def test_a_wrong_result_is_a_mismatch(monkeypatch):
+    tiny = Problem.make(TINY_CASES[1], "conv_backprop_filters", "NXC", torch.float32, "cpu",
+                        torch.Generator().manual_seed(0))
+    monkeypatch.setattr(Problem, "ours", lambda self: self.glue() * 1.01)
+    assert "max error" in tiny.mismatch()
+
+
+def test_macs_swap_roles_for_conv_transpose():
+    conv = Case("conv", 2, 3, 4, (5,), (2,))  # output_delta 2 x 4 channels x 4 positions
+    assert conv.macs == 2 * 4 * 4 * 3 * 2
+    transposed = Case("convT", 2, 3, 4, (5,), (2,), transposed=True)  # input_forward plays the conv output
+    assert transposed.delta_size == (6,) and transposed.macs == 2 * 5 * 3 * 4 * 2
+
+
+def _table_rows(output):
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("case "))
+    return lines[start].split("  "), lines[start + 1:lines.index("", start)]
+
+
+@pytest.mark.parametrize("algorithm", [None, "fake-algorithm"])
+def test_bench_prints_the_header_table_and_summary(capsys, monkeypatch, algorithm):
+    if algorithm is None:
+        monkeypatch.delattr(torch_convgrad, "last_algorithm", raising=False)
+    else:
+        monkeypatch.setattr(torch_convgrad, "last_algorithm", lambda: algorithm, raising=False)
+    status = benchmark.main(["--quick", "--repeats", "2", "--dtypes", "f32", "--cases", "2-D"], cases=TINY_CASES)
+    output = capsys.readouterr().out
+    assert status == 0
+    for expected in ("torch " + torch.__version__, "threads", "torch.mm GFLOP/s f32", "read bandwidth"):
+        assert expected in output
+    header, rows = _table_rows(output)
+    columns = [cell.strip() for cell in header if cell.strip()]
+    assert columns == list(benchmark.COLUMNS) + ["algorithm"] * (algorithm is not None)
+    # 2-D cases only: the conv with its two ops, the ConvTranspose with one, in two layouts.
+    assert len(rows) == (2 + 1) * 2
+    assert all(" f32 " in row and "x " in row and "%" in row for row in rows)
+    assert all(row.rstrip().endswith(algorithm) for row in rows) if algorithm else True
+    assert "ratio glue/ours over 6 rows: geomean" in output and "roofline: geomean" in output
+
+
+def test_markdown_table(capsys, fixed_roofline):
+    status = benchmark.main(["--repeats", "1", "--dtypes", "bf16", "--layouts", "NCX", "--ops",
+                             "conv_transpose_backprop_filters", "--markdown"], cases=TINY_CASES)
+    output = capsys.readouterr().out
+    assert status == 0
+    lines = [line for line in output.splitlines() if line.startswith("|")]
+    assert lines[0].startswith("| case | op | layout | dtype | glue ms |") and set(lines[1]) == set("|-")
+    assert len(lines) == 2 + 2 and all("| NCX | bf16 |" in line for line in lines[2:])
+
+
+def test_plot_without_matplotlib_prints_the_hint_and_the_table(capsys, monkeypatch, tmp_path, fixed_roofline):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` raise ImportError
+    plot = tmp_path / "ratios.png"
+    status = benchmark.main(["--repeats", "1", "--dtypes", "f32", "--layouts", "NXC", "--cases", "1-D",
+                             "--plot", str(plot)], cases=TINY_CASES)
+    captured = capsys.readouterr()
+    assert status != 0 and not plot.exists()
+    assert "matplotlib is not installed: pip install matplotlib" in captured.err
+    assert "tiny conv 1-D" in captured.out and "ratio glue/ours" in captured.out
+
+
+def test_a_mismatch_is_reported_not_timed(capsys, monkeypatch, fixed_roofline):
+    monkeypatch.setattr(Problem, "ours", lambda self: self.glue() + 1)
+    status = benchmark.main(["--repeats", "1", "--dtypes", "f32", "--layouts", "NXC", "--cases", "1-D"],
+                            cases=TINY_CASES)
+    output = capsys.readouterr().out
+    assert status == 1 and "MISMATCH tiny conv 1-D conv_backprop_filters NXC f32" in output
+
+
+def test_module_main_dispatches_bench_and_keeps_the_check_as_default(capsys):
+    assert cli_main(["bench", "--cases", "no such case"]) == 2
+    assert "no case matches --cases" in capsys.readouterr().err
+    assert cli_main(["frobnicate"]) == 2
+    assert "usage: python -m torch_convgrad [bench [options]]" in capsys.readouterr().err
