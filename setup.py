@@ -5,6 +5,8 @@ TORCH_CONVGRAD_CUDA=1 to force them or TORCH_CONVGRAD_CUDA=0 to skip them.
 """
 import glob
 import os
+import shutil
+import subprocess
 
 import torch
 from setuptools import find_packages, setup
@@ -20,6 +22,17 @@ def want_cuda() -> bool:
     if choice != "auto":
         raise SystemExit(f"TORCH_CONVGRAD_CUDA: expected auto, 1 or 0, got {choice!r}")
     return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def report_compiler():
+    """Print the C++ compiler the build uses: a compiler whose C++ runtime differs from torch's
+    builds fine but turns every C++ exception (every bad argument) into a crash."""
+    compiler = os.environ.get("CXX", "c++")
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    except (OSError, IndexError):
+        version = "version unknown"
+    print(f"torch_convgrad: compiling C++ with {shutil.which(compiler) or compiler} ({version})")
 
 
 def extension():
@@ -54,6 +67,7 @@ def extension():
     )
 
 
+report_compiler()
 setup(
     name="torch_convgrad",
     version="0.1.0",

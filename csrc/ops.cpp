@@ -12,6 +12,10 @@ PyObject* PyInit__C(void) {
   static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
   return PyModule_Create(&module_def);
 }
+
+// The compiler that built this library, for diagnosing a mismatch with
+// torch's C++ runtime (`python -m torch_convgrad` reports it).
+const char* torch_convgrad_compiler() { return __VERSION__; }
 }
 
 // Attribute lists take exactly one value per spatial axis; None means the

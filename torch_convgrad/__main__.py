@@ -10,12 +10,14 @@ reference of ``torch_convgrad.reference``. Exits 1 on any mismatch.
 """
 from __future__ import annotations
 
+import signal
+import subprocess
 import sys
 
 import torch
 
 import torch_convgrad
-from torch_convgrad import reference
+from torch_convgrad import _library, reference
 
 DISPATCH_KEYS = ("CPU", "CUDA", "Meta", "Autograd", "AutocastCPU", "AutocastCUDA", "FuncTorchBatched")
 OPS = ("conv_backprop_filters", "conv_backprop_weights", "conv_transpose_backprop_filters")
@@ -79,6 +81,51 @@ def check(device: str) -> int:
     return failures
 
 
+# A bad argument, raised as ValueError by the C++ resolver: the exception must
+# cross from the extension into torch and Python.
+BAD_ARGUMENT_CHECK = """
+import torch, torch_convgrad
+try:
+    torch_convgrad.conv_backprop_filters(torch.zeros(1, 4, 4, 2), torch.zeros(1, 2, 2, 2), [3, 3, 2, 2], strides=0)
+except ValueError as error:
+    print("ValueError:", error)
+"""
+
+
+def _torch_compiler() -> str:
+    for line in torch.__config__.show().splitlines():
+        if line.strip().startswith(("- GCC", "- clang", "- Clang", "- MSVC")):
+            return line.strip()[2:]
+    return "an unknown compiler"
+
+
+def check_bad_arguments_raise(code: str = BAD_ARGUMENT_CHECK) -> bool:
+    """Runs ``code`` in a child process and checks it printed a ValueError; diagnoses a crash.
+
+    A child that dies (SIGSEGV, SIGABRT) instead means C++ exceptions cannot cross from the
+    extension into torch: the extension was built by a compiler whose C++ runtime does not
+    match the one torch was built with.
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    if result.returncode == 0 and "ValueError: strides" in result.stdout:
+        print("  bad arguments raise ValueError (checked in a child process)")
+        return True
+    if result.returncode < 0:
+        how = f"died with {signal.Signals(-result.returncode).name}"
+    else:
+        how = f"exited with status {result.returncode}"
+    print(f"  FAILED: a bad argument should raise ValueError, but the child process {how}.")
+    print(f"  The extension was built by {_library.compiler()}; torch {torch.__version__} by {_torch_compiler()}.\n"
+          "  A crash here means the two C++ runtimes do not match, so C++ exceptions (every bad\n"
+          "  argument) cannot be caught. Rebuild with the system compiler, e.g.\n"
+          "    CC=/usr/bin/gcc CXX=/usr/bin/g++ python setup.py build_ext --inplace --force\n"
+          "  (the build prints the compiler it uses).")
+    output = (result.stdout + result.stderr).strip()
+    if output:
+        print("  child output: " + output[-2000:].replace("\n", "\n  "))
+    return False
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:
@@ -100,7 +147,8 @@ def main(argv=None) -> int:
     # using TF32 (which the op, like nn.Conv2d, follows when it is allowed).
     torch.backends.cudnn.allow_tf32 = False
     failures = sum(check(device) for device in devices)
-    print("OK" if failures == 0 else f"FAILED: {failures} mismatches")
+    failures += 0 if check_bad_arguments_raise() else 1
+    print("OK" if failures == 0 else f"FAILED: {failures} failed checks")
     return 1 if failures else 0
 
 

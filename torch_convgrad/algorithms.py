@@ -18,21 +18,11 @@ The override is process-wide, like ``torch.backends`` flags.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from typing import Iterator, Optional, Tuple
 
-from . import _C
+from ._library import library as _library
 
 __all__ = ["algorithm_names", "last_algorithm", "use_algorithm"]
-
-# The extension module has no Python API (it is built against the stable ABI);
-# these plain C functions live in the same library.
-_library = ctypes.CDLL(_C.__file__)
-_library.torch_convgrad_force_algorithm.argtypes = [ctypes.c_char_p]
-_library.torch_convgrad_force_algorithm.restype = ctypes.c_int
-for _name in ("torch_convgrad_forced_algorithm", "torch_convgrad_last_algorithm", "torch_convgrad_algorithm_names"):
-    getattr(_library, _name).argtypes = []
-    getattr(_library, _name).restype = ctypes.c_char_p
 
 
 def algorithm_names() -> Tuple[str, ...]:
