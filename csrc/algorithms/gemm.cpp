@@ -8,8 +8,9 @@
 //
 //     dW[tap] (C/g x O/g) = plane[offset : offset + rows]^T @ grad_output[0 : rows]
 //
-// over the flat (spatial) rows of every sample, on strided views that BLAS
-// reads directly. The input is packed into zero-padded channels-last phase
+// over the flat (spatial) rows of every sample, on strided views read
+// directly: by a fused kernel that computes every tap at once (tap_gemm.h)
+// where the CPU has one, by BLAS otherwise. The input is packed into zero-padded channels-last phase
 // planes only where padding, stride or dtype need it (one copy, converting
 // f16/bf16 to float32 on the way, so they accumulate in float32); a 1x1
 // stride-1 weight gradient on either layout needs no copy at all. Rows of the
@@ -17,6 +18,7 @@
 // an infinite input value the product is NaN, as in any BLAS-based
 // convolution.
 #include "algorithm.h"
+#include "tap_gemm.h"
 
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
@@ -180,41 +182,61 @@ at::Tensor run(const Problem& problem) {
   const int64_t samples_per_product =
       samples_flatten ? std::max<int64_t>(1, kRowsPerProduct / std::max<int64_t>(plane_rows, 1)) : 1;
 
-  const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
-  const at::Tensor taps = at::empty({g.taps(), groups, in_per_group, out_per_group}, grad_output.options());
+  // Each tap's phase plane and row offset in it.
   const int64_t plane_counts[2] = {static_cast<int64_t>(plans[1].phase.size()),
                                    static_cast<int64_t>(plans[2].phase.size())};
-  int64_t tap = 0;
+  std::vector<int64_t> tap_planes, tap_offsets;
   for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
     for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
-      for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2, ++tap) {
-        const int64_t plane = (plans[0].tap_plane[k0] * plane_counts[0] + plans[1].tap_plane[k1]) * plane_counts[1] +
-                              plans[2].tap_plane[k2];
-        const int64_t offset =
-            plans[0].tap_offset[k0] * pitch0 + plans[1].tap_offset[k1] * pitch1 + plans[2].tap_offset[k2];
-        for (int64_t first = 0; first < g.batch; first += samples_per_product) {
-          const int64_t count = std::min(samples_per_product, g.batch - first);
-          // (count * plane_rows, channels) matrices starting at sample `first`.
-          const auto block = [&](const at::Tensor& per_sample) {
-            return per_sample.narrow(0, first, count).flatten(0, 1);
-          };
-          const int64_t product_rows = (count - 1) * plane_rows + rows;
-          const at::Tensor a = block(planes[plane]).narrow(0, offset, product_rows);
-          const at::Tensor b = block(grad_output).narrow(0, 0, product_rows);
-          for (int64_t group = 0; group < groups; ++group) {
-            at::Tensor out = taps[tap][group];
-            const at::Tensor a_group = a.narrow(1, group * in_per_group, in_per_group).t();
-            const at::Tensor b_group = b.narrow(1, group * out_per_group, out_per_group);
-            if (first == 0)
-              at::mm_out(out, a_group, b_group);
-            else
-              out.addmm_(a_group, b_group);
-          }
-        }
+      for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
+        tap_planes.push_back((plans[0].tap_plane[k0] * plane_counts[0] + plans[1].tap_plane[k1]) * plane_counts[1] +
+                             plans[2].tap_plane[k2]);
+        tap_offsets.push_back(plans[0].tap_offset[k0] * pitch0 + plans[1].tap_offset[k1] * pitch1 +
+                              plans[2].tap_offset[k2]);
       }
-  // (K0, K1, K2, g, C/g, O/g) -> canonical (O, C/g, K...) at the problem's rank.
-  at::Tensor canonical = taps.view({g.kernel[0], g.kernel[1], g.kernel[2], groups, in_per_group, out_per_group})
-                             .permute({3, 5, 4, 0, 1, 2})
+
+  const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
+  const at::Tensor taps = at::empty({groups, g.taps(), in_per_group, out_per_group}, grad_output.options());
+  // The fused kernel computes every tap at once from row-major operands; BLAS
+  // takes the rest (float64, channels-first operands, other devices).
+  const int64_t lda = planes.stride(2);
+  const bool fused = planes.is_cpu() && dtype == at::kFloat && tap_products_vectorised() && planes.stride(3) == 1 &&
+                     grad_output.stride(2) == 1 && planes.stride(0) % lda == 0;
+  std::vector<int64_t> fused_offsets;
+  for (size_t tap = 0; tap < tap_offsets.size(); ++tap)
+    fused_offsets.push_back(tap_planes[tap] * (planes.stride(0) / lda) + tap_offsets[tap]);
+
+  for (int64_t first = 0; first < g.batch; first += samples_per_product) {
+    const int64_t count = std::min(samples_per_product, g.batch - first);
+    const int64_t product_rows = (count - 1) * plane_rows + rows;
+    if (fused) {
+      const float* a = planes.const_data_ptr<float>() + first * planes.stride(1);
+      const float* b = grad_output.const_data_ptr<float>() + first * grad_output.stride(0);
+      for (int64_t group = 0; group < groups; ++group)
+        tap_products(a + group * in_per_group, lda, b + group * out_per_group, grad_output.stride(1), product_rows,
+                     fused_offsets.data(), g.taps(), in_per_group, out_per_group,
+                     taps[group].mutable_data_ptr<float>(), /*accumulate=*/first != 0);
+      continue;
+    }
+    // (count * plane_rows, channels) matrices starting at sample `first`.
+    const auto block = [&](const at::Tensor& per_sample) { return per_sample.narrow(0, first, count).flatten(0, 1); };
+    const at::Tensor b = block(grad_output).narrow(0, 0, product_rows);
+    for (int64_t tap = 0; tap < g.taps(); ++tap) {
+      const at::Tensor a = block(planes[tap_planes[tap]]).narrow(0, tap_offsets[tap], product_rows);
+      for (int64_t group = 0; group < groups; ++group) {
+        at::Tensor out = taps[group][tap];
+        const at::Tensor a_group = a.narrow(1, group * in_per_group, in_per_group).t();
+        const at::Tensor b_group = b.narrow(1, group * out_per_group, out_per_group);
+        if (first == 0)
+          at::mm_out(out, a_group, b_group);
+        else
+          out.addmm_(a_group, b_group);
+      }
+    }
+  }
+  // (g, K0, K1, K2, C/g, O/g) -> canonical (O, C/g, K...) at the problem's rank.
+  at::Tensor canonical = taps.view({groups, g.kernel[0], g.kernel[1], g.kernel[2], in_per_group, out_per_group})
+                             .permute({0, 5, 4, 1, 2, 3})
                              .reshape({g.out_channels, in_per_group, g.kernel[0], g.kernel[1], g.kernel[2]});
   for (int64_t lifted = 0; lifted < 3 - problem.spatial_rank(); ++lifted) canonical = canonical.squeeze(2);
   return problem.finish(canonical);
@@ -224,22 +246,21 @@ at::Tensor run(const Problem& problem) {
 bool supports(const Problem&) { return true; }
 
 // Estimated seconds. Measured with torch 2.13 on an AMD EPYC (Zen 3, AVX2, 2
-// threads) over ResNet, U-Net, DCGAN, audio and video layers in f32:
-// products reach about 50 GMAC/s with 128 or more channels a side and about
-// 28 at 64 x 64 (BLAS packs both operands of every narrow product); packing
-// copies about 6 GB/s from channels-last data and 1.6 GB/s from channels-first
-// (a transposition); each product call costs about 4 us. On other devices
-// this is not calibrated: it runs there only when forced.
+// threads) over ResNet, U-Net, DCGAN, audio and video layers in f32: the
+// products run at about 48 GMAC/s, somewhat slower below 128 channels a side;
+// packing copies about 6 GB/s from channels-last data and 3 GB/s from
+// channels-first (a transposition); each BLAS product call costs about 4 us.
+// On other devices this is not calibrated: it runs there only when forced.
 double cost(const Problem& problem) {
   if (!problem.input.is_cpu()) return 1e30;
   const Geometry g = geometry_of(problem);
   const Layout layout = plan(g);
-  const auto width_efficiency = [](int64_t channels) { return std::min(1.0, (channels + 96) / 224.0); };
+  const auto width_efficiency = [](int64_t channels) { return std::min(1.0, (channels + 200) / 296.0); };
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const double padded_rows = static_cast<double>(layout.plans[1].length) * layout.plans[2].length;
   const double rows = static_cast<double>(g.out[1]) * g.out[2];
   const at::ScalarType dtype = problem.input.scalar_type();
-  double macs_per_second = 50e9 * width_efficiency(in_per_group) * width_efficiency(out_per_group);
+  double macs_per_second = 48e9 * width_efficiency(in_per_group) * width_efficiency(out_per_group);
   if (dtype == at::kDouble) macs_per_second /= 2;
   double seconds = 30e-6 + g.macs() * (padded_rows / rows) / macs_per_second;
 
@@ -250,7 +271,7 @@ double cost(const Problem& problem) {
   const double input_bytes = static_cast<double>(g.batch) * g.in_channels * g.in[0] * g.in[1] * g.in[2] * element_size;
   const double grad_output_bytes = g.data_bytes(problem.input.element_size()) - input_bytes;
   const bool channels_last = problem.input.stride(1) == 1;
-  const double pack_bytes_per_second = channels_last ? 6e9 : 1.6e9;
+  const double pack_bytes_per_second = channels_last ? 6e9 : 3e9;
   seconds += ((packs_input ? input_bytes : 0) + (packs_grad_output ? grad_output_bytes : 0)) / pack_bytes_per_second;
 
   const bool samples_flatten = channels_last || packs_input;

@@ -1,0 +1,236 @@
+// The tap-product kernel behind tap_products (tap_gemm.h):
+//
+//   out[t][c][o] (+)= sum_{r < rows} a[(offsets[t] + r) * lda + c] * b[r * ldb + o]
+//
+// Taps and channels of A flatten into one axis m = t * channels_a + c, so out
+// is one (m, o) matrix and every tap shares the loads of B. The first part of
+// this header is the plain interface that tap_gemm.cpp calls; the second,
+// compiled only by the per-capability translation units
+// (tap_gemm_kernel_avx2.cpp, tap_gemm_kernel_default.cpp, which define
+// CPU_CAPABILITY), is the kernel.
+#pragma once
+
+#include <cstdint>
+
+namespace torch_convgrad::tap_gemm_kernel {
+
+struct Args {
+  const float* a;
+  int64_t lda;
+  const float* b;
+  int64_t ldb;
+  int64_t rows;
+  const int64_t* offsets;
+  int64_t taps, channels_a, channels_b;
+  float* out;  // (taps * channels_a, channels_b), row stride channels_b
+  bool accumulate;
+};
+
+// A micro-tile covers kTileM values of m by kTileO of o.
+constexpr int64_t kTileM = 6;
+constexpr int64_t kTileO = 16;
+
+// Computes out[m][o] for m in [m_begin, m_end), o in [o_begin, o_end) (m_begin
+// and o_begin multiples of the tile) over all rows, `chunk_rows` at a time,
+// reading A through a copy with `pack_a`. Every element is summed over r in
+// increasing order, one fused multiply-add per row (AVX2), whatever the block.
+#define TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS                                                 \
+  void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, \
+             int64_t chunk_rows, bool pack_a);
+
+namespace AVX2 {
+TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
+}
+namespace DEFAULT {
+TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
+}
+#undef TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
+
+}  // namespace torch_convgrad::tap_gemm_kernel
+
+#ifdef CPU_CAPABILITY
+
+#include <algorithm>
+#include <vector>
+
+#ifdef CPU_CAPABILITY_AVX2
+#include <immintrin.h>
+#endif
+
+namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY {
+
+// out[i][j] (+)= sum_{r < rows} a[i][r * lda] * slab[r][j] for i < kM,
+// j < width (<= kTileO); `zero` starts from 0 instead of out. B is read from
+// a copy, slab[r][j] = b[r * ldb + o0 + j] for j < width and 0 beyond, kTileO
+// floats a row: contiguous rows, so a chunk of them stays in L1 (rows of b
+// itself, ldb apart, collide in L1's sets) while the tiles of every m pass
+// over it, and a tile needs no masked loads.
+using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo,
+                        int64_t width, bool zero);
+
+#ifdef CPU_CAPABILITY_AVX2
+
+// kM x kVectors accumulators (at most 12 of the 16 ymm registers, leaving
+// room for B and the broadcast), enough independent FMA chains to hide the
+// FMA latency. kPartial: out's last vector has fewer than 8 columns and is
+// read and written under a mask.
+template <int kM, int kVectors, bool kPartial>
+void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo, int64_t width,
+          bool zero) {
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width - 8 * (kVectors - 1))),
+                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 acc[kM][kVectors];
+  const float* rows_a[kM];
+#pragma GCC unroll 8
+  for (int i = 0; i < kM; ++i) {
+    rows_a[i] = a[i];
+#pragma GCC unroll 2
+    for (int v = 0; v < kVectors; ++v)
+      acc[i][v] = zero ? _mm256_setzero_ps()
+                  : kPartial && v == kVectors - 1 ? _mm256_maskload_ps(out + i * ldo + 8 * v, mask)
+                                                  : _mm256_loadu_ps(out + i * ldo + 8 * v);
+  }
+  for (int64_t r = 0, ar = 0; r < rows; ++r, ar += lda, slab += kTileO) {
+    __m256 bv[kVectors];
+#pragma GCC unroll 2
+    for (int v = 0; v < kVectors; ++v) bv[v] = _mm256_loadu_ps(slab + 8 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < kM; ++i) {
+      const __m256 x = _mm256_broadcast_ss(rows_a[i] + ar);
+#pragma GCC unroll 2
+      for (int v = 0; v < kVectors; ++v) acc[i][v] = _mm256_fmadd_ps(x, bv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < kM; ++i)
+#pragma GCC unroll 2
+    for (int v = 0; v < kVectors; ++v) {
+      if (kPartial && v == kVectors - 1)
+        _mm256_maskstore_ps(out + i * ldo + 8 * v, mask, acc[i][v]);
+      else
+        _mm256_storeu_ps(out + i * ldo + 8 * v, acc[i][v]);
+    }
+}
+
+// [kM - 1][variant]: 16 columns, 9..15, 8, 1..7.
+template <int kM>
+constexpr TileFn kTilesOf[4] = {tile<kM, 2, false>, tile<kM, 2, true>, tile<kM, 1, false>, tile<kM, 1, true>};
+inline TileFn pick_tile(int64_t height, int64_t width) {
+  static constexpr const TileFn* kTiles[kTileM] = {kTilesOf<1>, kTilesOf<2>, kTilesOf<3>,
+                                                   kTilesOf<4>, kTilesOf<5>, kTilesOf<6>};
+  const int variant = width == 16 ? 0 : width > 8 ? 1 : width == 8 ? 2 : 3;
+  return kTiles[height - 1][variant];
+}
+
+#else
+
+// Portable: plain loops the compiler may vectorise.
+template <int kM>
+void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo, int64_t width,
+          bool zero) {
+  float acc[kM][kTileO];
+  for (int i = 0; i < kM; ++i)
+    for (int64_t j = 0; j < width; ++j) acc[i][j] = zero ? 0.0f : out[i * ldo + j];
+  for (int64_t r = 0; r < rows; ++r, slab += kTileO)
+    for (int i = 0; i < kM; ++i) {
+      const float x = a[i][r * lda];
+      for (int64_t j = 0; j < width; ++j) acc[i][j] += x * slab[j];
+    }
+  for (int i = 0; i < kM; ++i)
+    for (int64_t j = 0; j < width; ++j) out[i * ldo + j] = acc[i][j];
+}
+
+inline TileFn pick_tile(int64_t height, int64_t) {
+  static constexpr TileFn kTiles[kTileM] = {tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
+  return kTiles[height - 1];
+}
+
+#endif
+
+// Prefetches part `part` of `parts` of rows [first, first + count) of a
+// matrix, columns [begin, end). Inline asm: GCC 12 deletes loops of
+// __builtin_prefetch here as side-effect free. (DEFAULT builds skip it.)
+inline void prefetch_rows(const float* data, int64_t ld, int64_t first, int64_t count, int64_t begin, int64_t end,
+                          int64_t part, int64_t parts) {
+#ifdef CPU_CAPABILITY_AVX2
+  constexpr int64_t kLineFloats = 16;
+  // Every line of [begin, end), whatever its alignment: the last step lands on end - 1.
+  for (int64_t r = first + count * part / parts; r < first + count * (part + 1) / parts; ++r)
+    for (int64_t c = begin; c < end + kLineFloats - 1; c += kLineFloats)
+      asm volatile("prefetcht0 %0" : : "m"(data[r * ld + std::min(c, end - 1)]));
+#endif
+}
+
+// Per chunk of rows, the block's columns of B are copied into slabs (one
+// pass over B's rows, in order) and every m tile passes over each slab. With
+// `pack_a`, the m tiles' rows of A are copied too, kTileM floats a row. While
+// a chunk computes, the next chunk's rows of B, and of A at the block's
+// largest offset (the rows no earlier chunk has read), are prefetched a few
+// lines per tile: long-K operands stream from memory, and the copies would
+// stall on it.
+inline void block_impl(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end,
+                       int64_t chunk_rows, bool pack_a) {
+  const int64_t slabs = (o_end - o_begin + kTileO - 1) / kTileO;
+  const int64_t tiles = (m_end - m_begin + kTileM - 1) / kTileM;
+  std::vector<float> packed_b(slabs * chunk_rows * kTileO);
+  std::vector<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
+  std::vector<const float*> a(tiles * kTileM);
+  const int64_t first_tap = m_begin / args.channels_a, last_tap = (m_end - 1) / args.channels_a;
+  const int64_t channel_begin = first_tap == last_tap ? m_begin % args.channels_a : 0;
+  const int64_t channel_end = first_tap == last_tap ? (m_end - 1) % args.channels_a + 1 : args.channels_a;
+  const int64_t ahead = *std::max_element(args.offsets + first_tap, args.offsets + last_tap + 1);
+  for (int64_t r0 = 0; r0 < args.rows; r0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, args.rows - r0);
+    const bool zero = r0 == 0 && !args.accumulate;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* source = args.b + (r0 + r) * args.ldb;
+      for (int64_t slab = 0; slab < slabs; ++slab) {
+        const int64_t o0 = o_begin + slab * kTileO, width = std::min(kTileO, o_end - o0);
+        float* row = packed_b.data() + (slab * rows + r) * kTileO;
+        // Plain loops: std::copy becomes a memmove call per row.
+        if (width == kTileO)
+          for (int64_t j = 0; j < kTileO; ++j) row[j] = source[o0 + j];
+        else
+          for (int64_t j = 0; j < kTileO; ++j) row[j] = j < width ? source[o0 + j] : 0.0f;
+      }
+    }
+    for (int64_t m = m_begin; m < m_end; ++m) {
+      const int64_t tap = m / args.channels_a, channel = m % args.channels_a;
+      a[m - m_begin] = args.a + (args.offsets[tap] + r0) * args.lda + channel;
+    }
+    int64_t lda = args.lda;
+    if (pack_a) {
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const float* const* source = a.data() + tile * kTileM;
+        const int64_t height = std::min(kTileM, m_end - m_begin - tile * kTileM);
+        float* target = packed_a.data() + tile * chunk_rows * kTileM;
+        // Consecutive channels of one tap: one block copy a row.
+        const bool contiguous = height == kTileM && source[kTileM - 1] == source[0] + kTileM - 1;
+        for (int64_t r = 0; r < rows; ++r, target += kTileM) {
+          if (contiguous)
+            for (int64_t i = 0; i < kTileM; ++i) target[i] = source[0][r * args.lda + i];
+          else
+            for (int64_t i = 0; i < height; ++i) target[i] = source[i][r * args.lda];
+        }
+        for (int64_t i = 0; i < height; ++i) a[tile * kTileM + i] = packed_a.data() + tile * chunk_rows * kTileM + i;
+      }
+      lda = kTileM;
+    }
+    const int64_t next_rows = std::min(chunk_rows, std::max<int64_t>(0, args.rows - r0 - chunk_rows));
+    for (int64_t slab = 0; slab < slabs; ++slab) {
+      const int64_t o0 = o_begin + slab * kTileO, width = std::min(kTileO, o_end - o0);
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        const int64_t part = slab * tiles + tile;
+        prefetch_rows(args.b, args.ldb, r0 + rows, next_rows, o_begin, o_end, part, slabs * tiles);
+        prefetch_rows(args.a, args.lda, ahead + r0 + rows, next_rows, channel_begin, channel_end, part, slabs * tiles);
+        const int64_t m0 = m_begin + tile * kTileM, height = std::min(kTileM, m_end - m0);
+        pick_tile(height, width)(a.data() + tile * kTileM, lda, packed_b.data() + slab * rows * kTileO, rows,
+                                 args.out + m0 * args.channels_b + o0, args.channels_b, width, zero);
+      }
+    }
+  }
+}
+
+}  // namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY
+
+#endif  // CPU_CAPABILITY
