@@ -13,6 +13,8 @@
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
+
 namespace torch_convgrad {
 namespace {
 
@@ -167,14 +169,15 @@ bool not_yet_channels_last(const Problem& problem) {
 }
 
 // Estimated seconds. CPU figures were measured with torch 2.13 on an AMD EPYC
-// (Zen 3, AVX2, 2 threads) over ResNet, U-Net, DCGAN, audio and video layers:
-// oneDNN's f32 weight gradient runs at about 25 GMAC/s on NXC data and 32 on
-// NCX, about 1.5 times that with 256 or more channels a side, 1x1 on NCX at
-// about half; depthwise at about 3 GB/s; f16/bf16 without a native backend
-// pay a float32 conversion. On AVX-512 CPUs oneDNN and, on GPUs, cuDNN run
-// much faster on channels-last data (issue 7's H100 figures: NCX against
-// NHWC, f32 1x1 2.0x, f32 depthwise 4.4x, bf16 3x3 2.3x, bf16 1x1 4.6x, bf16
-// depthwise 6.1x).
+// (Zen 3, AVX2, 2 threads) over ResNet, U-Net, DCGAN, audio and video layers
+// in f32: oneDNN's weight gradient runs at about 25 GMAC/s on NXC data and 40
+// on NCX, 1.5 times that with 256 channels a side, 15% less in 3-D; 1x1 at
+// 45 (NXC) and 34 (NCX), 25 with strides; depthwise at about 3 GB/s. bf16 runs
+// about 15% slower (half speed in 3-D NCX); f16/bf16 without a native backend
+// pay a float32 conversion. On AVX-512 CPUs oneDNN
+// and, on GPUs, cuDNN run much faster on channels-last data (issue 7's H100
+// figures: NCX against NHWC, f32 1x1 2.0x, f32 depthwise 4.4x, bf16 3x3 2.3x,
+// bf16 1x1 4.6x, bf16 depthwise 6.1x).
 double estimated_seconds(const Problem& problem, bool channels_last) {
   const Geometry g = geometry_of(problem);
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
@@ -196,9 +199,15 @@ double estimated_seconds(const Problem& problem, bool channels_last) {
   if (depthwise) {
     seconds += g.data_bytes(element_size) / (nxc && avx512 ? 20e9 : 3e9);
   } else {
-    double macs_per_second = nxc ? (avx512 ? 2.1 * 32e9 : 25e9) : 32e9;
-    if (g.in_channels / g.groups >= 256 && g.out_channels / g.groups >= 256) macs_per_second *= 1.5;
-    if (pointwise && !nxc) macs_per_second *= 0.5;
+    const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+    double macs_per_second = nxc ? 25e9 : 40e9;
+    if (pointwise)
+      macs_per_second = strided ? 25e9 : (nxc ? 45e9 : 34e9);
+    else if (std::max(g.in_channels, g.out_channels) / g.groups >= 256)
+      macs_per_second *= 1.5;
+    if (problem.spatial_rank() == 3) macs_per_second *= reduced && !nxc ? 0.5 : 0.85;
+    if (reduced) macs_per_second *= 0.85;
+    if (nxc && avx512) macs_per_second *= 2;
     if (problem.input.scalar_type() == at::kDouble) macs_per_second /= 2;
     seconds += g.macs() / macs_per_second;
   }
