@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: deps build run test bench
+.PHONY: deps build run test test-torch-2.14 bench
 
 deps:
 	PYTHON=$(PYTHON) bash scripts/install_deps.sh
@@ -14,6 +14,11 @@ run: build
 
 test: build
 	$(PYTHON) -m pytest tests
+
+# The suite on torch 2.14.1 (a CUDA build, so the CUDA kernels are linked too),
+# in its own venv under build/ and its own copy of the tree.
+test-torch-2.14:
+	PYTHON=$(PYTHON) bash scripts/test_other_torch.sh 2.14.1
 
 bench: build
 	PYTHONPATH=. $(PYTHON) benchmarks/bench_weight_gradient.py
