@@ -469,6 +469,33 @@ def _comma_list(choices: Sequence[str]) -> Callable:
     return parse
 
 
+def per_call_overhead(device: torch.device, repeats: int) -> list:
+    """Lines timing a tiny problem (1x8x8x8 NXC, 3x3, pads 1, XIO result) four ways, interleaved:
+    the Python API, the registered op, the glue, and the bare ``aten.convolution_backward`` (OIX,
+    no permute), where nearly all the time is per-call overhead."""
+    x = torch.randn(1, 8, 8, 8, device=device)
+    dy = torch.randn(1, 8, 8, 8, device=device)
+    x_ncx, dy_ncx = x.movedim(-1, 1), dy.movedim(-1, 1)
+    weight = torch.empty(8, 8, 3, 3, device=device)
+    op = torch.ops.torch_convgrad.conv_backprop_filters.default
+    functions = {
+        "Python API": lambda: torch_convgrad.conv_backprop_filters(x, dy, [3, 3, 8, 8], pads_begin=1, pads_end=1),
+        "registered op": lambda: op(x, dy, [3, 3, 8, 8], None, [1, 1], [1, 1], None, "none", 1, "NXC", "XIO"),
+        "glue": lambda: glue_weight_gradient(x, dy, (3, 3), 1, (1, 1), (1, 1), 1, "NXC", [2, 3, 1, 0]),
+        "aten.convolution_backward": lambda: torch.ops.aten.convolution_backward(
+            dy_ncx, x_ncx, weight, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [False, True, False]),
+    }
+    for function in functions.values():
+        function()
+    times = time_interleaved(functions, repeats, 0.02, device)
+    medians = {name: median_and_spread(values) for name, values in times.items()}
+    aten = medians["aten.convolution_backward"][0]
+    lines = ["per-call overhead, tiny problem (1x8x8x8 NXC, 3x3, pads 1, XIO):"]
+    for name, (median, spread) in medians.items():
+        lines.append(f"  {name:26s} {median * 1e6:7.1f} us ±{spread:.0%}   {median / aten:4.2f}x aten")
+    return lines
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m torch_convgrad bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -530,8 +557,10 @@ def main(argv: Optional[Sequence[str]] = None, cases: Optional[Sequence[Case]] =
     print(format_table(rows, args.markdown))
     print()
     print("\n".join(summary_lines(rows)))
-    print(f"glue/ours: median per call ±half the interquartile range over {repeats} interleaved blocks; "
-          f"total {time.perf_counter() - start:.0f} s")
+    print(f"glue/ours: median per call ±half the interquartile range over {repeats} interleaved blocks")
+    print()
+    print("\n".join(per_call_overhead(device, repeats)))
+    print(f"total {time.perf_counter() - start:.0f} s")
     status = 1 if mismatches else 0
     if args.plot and not plot_ratios(rows, args.plot):
         status = 1
