@@ -172,7 +172,7 @@ bool not_yet_channels_last(const Problem& problem) {
 // (Zen 3, AVX2, 2 threads) over ResNet, U-Net, DCGAN, audio and video layers
 // in f32: oneDNN's weight gradient runs at about 25 GMAC/s on NXC data and 40
 // on NCX, 1.5 times that with 256 channels a side, 15% less in 3-D; 1x1 at
-// 45 (NXC) and 34 (NCX), 25 with strides; depthwise at about 3 GB/s. bf16 runs
+// 60 (NXC) and 34 (NCX), 25 with strides; depthwise at about 3 GB/s. bf16 runs
 // about 15% slower (half speed in 3-D NCX); f16/bf16 without a native backend
 // pay a float32 conversion. On AVX-512 CPUs oneDNN
 // and, on GPUs, cuDNN run much faster on channels-last data (issue 7's H100
@@ -202,7 +202,7 @@ double estimated_seconds(const Problem& problem, bool channels_last) {
     const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
     double macs_per_second = nxc ? 25e9 : 40e9;
     if (pointwise)
-      macs_per_second = strided ? 25e9 : (nxc ? 45e9 : 34e9);
+      macs_per_second = strided ? 25e9 : (nxc ? 60e9 : 34e9);
     else if (std::max(g.in_channels, g.out_channels) / g.groups >= 256)
       macs_per_second *= 1.5;
     if (problem.spatial_rank() == 3) macs_per_second *= reduced && !nxc ? 0.5 : 0.85;
