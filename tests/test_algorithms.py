@@ -26,10 +26,10 @@ def dense_problem(data_format="NXC", dtype=torch.float32, n=2, c=8, o=6, size=(9
                                      filter_format="OIX")
 
 
-def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16):
+def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16, size=(10, 11)):
     to_format = (lambda t: t.movedim(1, -1).contiguous()) if data_format == "NXC" else (lambda t: t)
-    x = to_format(rand([2, c, 10, 11], dtype, seed=3))
-    dy = to_format(rand([2, c, 10, 11], dtype, seed=4))
+    x = to_format(rand([2, c, *size], dtype, seed=3))
+    dy = to_format(rand([2, c, *size], dtype, seed=4))
     return x, dy, [c, 1, 3, 3], dict(pads_begin=1, pads_end=1, groups=c, data_format=data_format,
                                      filter_format="OIX")
 
@@ -123,12 +123,12 @@ def test_every_algorithm_is_deterministic(algorithm, dtype):
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_the_selector_avoids_slow_paths(data_format):
-    """Choices that hold on any CPU: the dedicated kernel for depthwise problems, and GEMMs for
-    wide 1x1 problems (a plain product, which ATen computes through its convolution machinery)."""
-    assert run(None, *depthwise_problem(data_format, c=64))[1] == "depthwise"
-    x = rand([8, 256, 14, 14], seed=5)
-    dy = rand([8, 256, 14, 14], seed=6)
-    if data_format == "NXC":
-        x, dy = x.movedim(1, -1).contiguous(), dy.movedim(1, -1).contiguous()
-    ran = run(None, x, dy, [256, 256, 1, 1], dict(data_format=data_format, filter_format="OIX"))[1]
-    assert ran == "gemm"
+    """Choices that hold on any CPU: the dedicated kernel for depthwise problems, ATen (the least
+    per-call overhead) for tiny problems, and GEMMs for wide 1x1 problems on NCX data (a plain
+    product per sample, which ATen computes through its convolution machinery; on NXC data
+    ATen's is a plain product too)."""
+    assert run(None, *depthwise_problem(data_format, c=64, size=(32, 32)))[1] == "depthwise"
+    assert run(None, *depthwise_problem(data_format, c=8, size=(8, 8)))[1] == "aten"
+    if data_format == "NCX":
+        x, dy = rand([8, 256, 14, 14], seed=5), rand([8, 256, 14, 14], seed=6)
+        assert run(None, x, dy, [256, 256, 1, 1], dict(data_format="NCX", filter_format="OIX"))[1] == "gemm"
