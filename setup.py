@@ -77,5 +77,5 @@ setup(
     cmdclass={"build_ext": BuildExtension},
     options={"bdist_wheel": {"py_limited_api": "cp310"}},
     python_requires=">=3.10",
-    install_requires=["torch>=2.11,<2.14"],
+    install_requires=["torch>=2.11,<2.15"],
 )
