@@ -443,6 +443,17 @@ struct ChannelsFirst {
   static constexpr auto run = channels_first_impl<T>;
 };
 
+// This capability's entry points (declared above).
+void channels_last(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
+                   int64_t channel_end, void* result) {
+  dispatch<ChannelsLast>(args, sample_begin, sample_end, channel_begin, channel_end, result);
+}
+
+void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
+                    int64_t channel_end, void* result) {
+  dispatch<ChannelsFirst>(args, sample_begin, sample_end, channel_begin, channel_end, result);
+}
+
 }  // namespace torch_convgrad::depthwise_kernel::CPU_CAPABILITY
 
 #endif  // CPU_CAPABILITY
