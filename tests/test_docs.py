@@ -1,8 +1,11 @@
-"""The README's Python examples and the notebook run."""
+"""The README's Python examples, the notebook and the docstring examples run."""
 import json
 import os
 import pathlib
 import re
+
+import pytest
+import torch
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -35,11 +38,15 @@ def test_notebook_cells_run(monkeypatch):
     assert namespace["per_sample"].shape == (16, 4, 3, 3, 3)
 
 
-def test_docstring_examples_run():
+@pytest.mark.parametrize("module, examples", [("functional", 8), ("algorithms", 2)])
+def test_docstring_examples_run(module, examples):
     import doctest
+    import importlib
 
-    import torch_convgrad.functional
+    import torch_convgrad
 
-    results = doctest.testmod(torch_convgrad.functional, optionflags=doctest.ELLIPSIS)
-    assert results.attempted >= 8
+    module = importlib.import_module(f"torch_convgrad.{module}")
+    results = doctest.testmod(module, optionflags=doctest.ELLIPSIS,
+                              extraglobs={"torch": torch, "torch_convgrad": torch_convgrad})
+    assert results.attempted >= examples
     assert results.failed == 0
