@@ -1,0 +1,83 @@
+"""Concurrency and memory: threads calling the ops get the single-threaded results bit for bit, and
+resident memory stays flat over many calls (with autograd, and with errors)."""
+import os
+import threading
+
+import pytest
+import torch
+
+import torch_convgrad
+from conftest import rand
+
+ALGORITHMS = torch_convgrad.algorithm_names()
+
+
+def _problems():
+    """(x, dy, shape, attributes) for a dense, a strided and a depthwise problem, NXC and NCX."""
+    problems = []
+    for data_format in ("NXC", "NCX"):
+        to_format = (lambda t: t.movedim(1, -1).contiguous()) if data_format == "NXC" else (lambda t: t)
+        problems.append((to_format(rand([2, 16, 20, 18], seed=1)), to_format(rand([2, 24, 20, 18], seed=2)),
+                         [24, 16, 3, 3], dict(pads_begin=1, pads_end=1, data_format=data_format, filter_format="OIX")))
+        problems.append((to_format(rand([2, 16, 21, 19], seed=3)), to_format(rand([2, 8, 11, 10], seed=4)),
+                         [8, 16, 3, 3], dict(strides=2, pads_begin=[1, 0], pads_end=[1, 2], data_format=data_format,
+                                             filter_format="OIX")))
+        problems.append((to_format(rand([2, 32, 24, 24], seed=5)), to_format(rand([2, 32, 24, 24], seed=6)),
+                         [32, 1, 3, 3], dict(pads_begin=1, pads_end=1, groups=32, data_format=data_format,
+                                             filter_format="OIX")))
+    return problems
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_eight_threads_get_the_single_threaded_results_bit_for_bit(algorithm):
+    problems = _problems()
+    with torch_convgrad.use_algorithm(algorithm):
+        expected = [torch_convgrad.conv_backprop_filters(x, dy, shape, **attrs) for x, dy, shape, attrs in problems]
+        results, errors = {}, []
+
+        def work(thread):
+            try:
+                for repeat in range(5):
+                    for index, (x, dy, shape, attrs) in enumerate(problems):
+                        results[thread, repeat, index] = torch_convgrad.conv_backprop_filters(x, dy, shape, **attrs)
+            except Exception as error:  # reported below, with the thread's failure
+                errors.append(error)
+
+        threads = [threading.Thread(target=work, args=(thread,)) for thread in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+    assert not errors and not any(thread.is_alive() for thread in threads)
+    assert len(results) == 8 * 5 * len(problems)
+    for (_, _, index), result in results.items():
+        assert torch.equal(result, expected[index])
+
+
+def _resident_bytes():
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="needs /proc (Linux) to read resident memory")
+@pytest.mark.parametrize("mode", ["autograd", "errors"])
+def test_resident_memory_stays_flat_over_ten_thousand_calls(mode):
+    x = rand([1, 6, 6, 4], torch.float64, seed=7).requires_grad_()
+    dy = rand([1, 6, 6, 4], torch.float64, seed=8).requires_grad_()
+
+    def call():
+        if mode == "autograd":
+            out = torch_convgrad.conv_backprop_filters(x, dy, [3, 3, 4, 4], pads_begin=1, pads_end=1)
+            gx, gdy = torch.autograd.grad(out.sum(), (x, dy))
+            return
+        with pytest.raises(ValueError, match="strides"):
+            torch_convgrad.conv_backprop_filters(x, dy, [3, 3, 4, 4], strides=0)
+
+    for _ in range(1000):  # allocator pools and caches settle
+        call()
+    before = _resident_bytes()
+    for _ in range(10_000):
+        call()
+    growth = _resident_bytes() - before
+    # A leak of one small tensor or message per call would add at least ~1 MB here.
+    assert growth < 1 << 20, f"resident memory grew by {growth / 2**20:.1f} MiB over 10,000 calls"
