@@ -153,8 +153,7 @@ at::Tensor run(const Problem& problem) {
   auto canonical_shape = problem.canonical_shape();
   std::vector<int64_t> shape;
   for (const auto& size : canonical_shape) shape.push_back(size.expect_int());
-  const at::Tensor canonical = sums.view(shape).to(problem.input.scalar_type());
-  return problem.result_from_canonical(canonical).contiguous();
+  return problem.finish(sums.view(shape));
 }
 
 }  // namespace
