@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: deps build run test test-torch-2.14 bench
+.PHONY: deps build run test test-torch-2.14 fuzz bench
 
 deps:
 	PYTHON=$(PYTHON) bash scripts/install_deps.sh
@@ -14,6 +14,10 @@ run: build
 
 test: build
 	$(PYTHON) -m pytest tests
+
+# The property test with 20,000 random attribute sets instead of 300.
+fuzz: build
+	$(PYTHON) -m pytest tests/test_fuzz.py --hypothesis-profile=fuzz --hypothesis-show-statistics
 
 # The suite on torch 2.14.1 (a CUDA build, so the CUDA kernels are linked too),
 # in its own venv under build/ and its own copy of the tree.

@@ -11,6 +11,13 @@ import sys
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
+
+# Hypothesis profiles (registered here, before pytest reads --hypothesis-profile):
+# the suite's, and `make fuzz`'s.
+settings.register_profile("suite", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("fuzz", max_examples=20_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("suite")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
