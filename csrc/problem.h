@@ -85,6 +85,8 @@ struct Problem {
   std::vector<c10::SymInt> window_reach() const;
 };
 
+inline std::vector<c10::SymInt> symint_vector(c10::IntArrayRef values) { return {values.begin(), values.end()}; }
+
 // conv_backprop_filters / conv_backprop_weights / the draft signature.
 Problem resolve_convolution(const at::Tensor& input_forward, const at::Tensor& output_delta,
                             const Attributes& attrs, const ArgNames& names);

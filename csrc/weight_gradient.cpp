@@ -19,8 +19,6 @@ std::vector<c10::SymInt> pad_argument(c10::ArrayRef<c10::SymInt> begin, c10::Arr
   return pads;
 }
 
-std::vector<c10::SymInt> symint_vector(c10::IntArrayRef values) { return {values.begin(), values.end()}; }
-
 // True when some axis has no input element under any window (all padding).
 bool input_unreached(const Problem& problem, c10::ArrayRef<c10::SymInt> reach) {
   for (int64_t axis = 0; axis < problem.spatial_rank(); ++axis)

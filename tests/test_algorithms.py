@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_convgrad
-from conftest import REF, assert_matches_ref, rand
+from conftest import REF, assert_matches_ref, data_shape, rand
 
 NAMES = torch_convgrad.algorithm_names()
 
@@ -19,17 +19,15 @@ NAMES = torch_convgrad.algorithm_names()
 def dense_problem(data_format="NXC", dtype=torch.float32, n=2, c=8, o=6, size=(9, 7)):
     """A 3x3 convolution with asymmetric pads: (x, dy, shape, attributes)."""
     out = [(s + 1 + 2 - 3) // 2 + 1 for s in size]
-    to_format = (lambda t: t.movedim(1, -1).contiguous()) if data_format == "NXC" else (lambda t: t)
-    x = to_format(rand([n, c, *size], dtype, seed=1))
-    dy = to_format(rand([n, o, *out], dtype, seed=2))
+    x = rand(data_shape(n, c, size, data_format), dtype, seed=1)
+    dy = rand(data_shape(n, o, out, data_format), dtype, seed=2)
     return x, dy, [o, c, 3, 3], dict(strides=2, pads_begin=1, pads_end=2, data_format=data_format,
                                      filter_format="OIX")
 
 
 def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16, size=(10, 11)):
-    to_format = (lambda t: t.movedim(1, -1).contiguous()) if data_format == "NXC" else (lambda t: t)
-    x = to_format(rand([2, c, *size], dtype, seed=3))
-    dy = to_format(rand([2, c, *size], dtype, seed=4))
+    x = rand(data_shape(2, c, size, data_format), dtype, seed=3)
+    dy = rand(data_shape(2, c, size, data_format), dtype, seed=4)
     return x, dy, [c, 1, 3, 3], dict(pads_begin=1, pads_end=1, groups=c, data_format=data_format,
                                      filter_format="OIX")
 

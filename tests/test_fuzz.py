@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import torch_convgrad
-from conftest import REF, assert_matches_ref
+from conftest import REF, assert_matches_ref, data_shape
 
 FORMATS = {"filters": ["XIO", "OIX"], "transpose": ["XIO", "OIX", "IOX", "XOI"]}
 # How each mutation breaks a valid problem, and the exception it must raise.
@@ -116,13 +116,12 @@ def _mutate(mutation, op, x_shape, dy_shape, shape, attrs, dtype):
 
 
 def _data(ncx_shape, data_format, dtype, device, seed):
-    if dtype in (torch.int32,):
-        data = torch.ones(ncx_shape, dtype=dtype, device=device)
-    elif device == "meta":
-        data = torch.empty(ncx_shape, dtype=dtype, device=device)
-    else:
-        data = torch.randn(ncx_shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
-    return data.movedim(1, -1).contiguous() if data_format == "NXC" and data.dim() >= 3 else data
+    shape = data_shape(ncx_shape[0], ncx_shape[1], ncx_shape[2:], data_format)
+    if dtype == torch.int32:
+        return torch.ones(shape, dtype=dtype, device=device)
+    if device == "meta":
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(dtype)
 
 
 def _call(op, x, dy, shape, attrs):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import torch_convgrad
-from conftest import rand
+from conftest import data_shape, rand
 
 ALGORITHMS = torch_convgrad.algorithm_names()
 
@@ -16,15 +16,16 @@ def _problems():
     """(x, dy, shape, attributes) for a dense, a strided and a depthwise problem, NXC and NCX."""
     problems = []
     for data_format in ("NXC", "NCX"):
-        to_format = (lambda t: t.movedim(1, -1).contiguous()) if data_format == "NXC" else (lambda t: t)
-        problems.append((to_format(rand([2, 16, 20, 18], seed=1)), to_format(rand([2, 24, 20, 18], seed=2)),
-                         [24, 16, 3, 3], dict(pads_begin=1, pads_end=1, data_format=data_format, filter_format="OIX")))
-        problems.append((to_format(rand([2, 16, 21, 19], seed=3)), to_format(rand([2, 8, 11, 10], seed=4)),
-                         [8, 16, 3, 3], dict(strides=2, pads_begin=[1, 0], pads_end=[1, 2], data_format=data_format,
-                                             filter_format="OIX")))
-        problems.append((to_format(rand([2, 32, 24, 24], seed=5)), to_format(rand([2, 32, 24, 24], seed=6)),
-                         [32, 1, 3, 3], dict(pads_begin=1, pads_end=1, groups=32, data_format=data_format,
-                                             filter_format="OIX")))
+        def data(channels, size, seed):
+            return rand(data_shape(2, channels, size, data_format), seed=seed)
+
+        problems.append((data(16, (20, 18), 1), data(24, (20, 18), 2), [24, 16, 3, 3],
+                         dict(pads_begin=1, pads_end=1, data_format=data_format, filter_format="OIX")))
+        problems.append((data(16, (21, 19), 3), data(8, (11, 10), 4), [8, 16, 3, 3],
+                         dict(strides=2, pads_begin=[1, 0], pads_end=[1, 2], data_format=data_format,
+                              filter_format="OIX")))
+        problems.append((data(32, (24, 24), 5), data(32, (24, 24), 6), [32, 1, 3, 3],
+                         dict(pads_begin=1, pads_end=1, groups=32, data_format=data_format, filter_format="OIX")))
     return problems
 
 

@@ -43,4 +43,8 @@ struct Geometry {
 };
 Geometry geometry_of(const Problem& problem);
 
+// Whether this CPU runs the hand-written kernels' AVX2 builds (AVX-512 CPUs
+// included); at::get_cpu_capability() honours ATEN_CPU_CAPABILITY.
+bool cpu_runs_avx2_kernels();
+
 }  // namespace torch_convgrad

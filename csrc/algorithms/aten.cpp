@@ -24,8 +24,6 @@ bool all_zero(c10::ArrayRef<c10::SymInt> values) {
   return true;
 }
 
-std::vector<c10::SymInt> symint_vector(c10::IntArrayRef values) { return {values.begin(), values.end()}; }
-
 // `ncx` zero-padded by (begin, end) per spatial axis, in memory ordered by
 // `memory_to_ncx` (the caller's layout, or NXC). One copy and zeroed borders,
 // where constant_pad_nd would fill the whole buffer first.
@@ -174,10 +172,10 @@ bool not_yet_channels_last(const Problem& problem) {
 // on NCX, 1.5 times that with 256 channels a side, 15% less in 3-D; 1x1 at
 // 60 (NXC) and 34 (NCX), 25 with strides; depthwise at about 3 GB/s. bf16 runs
 // about 15% slower (half speed in 3-D NCX); f16/bf16 without a native backend
-// pay a float32 conversion. On AVX-512 CPUs oneDNN
-// and, on GPUs, cuDNN run much faster on channels-last data (issue 7's H100
-// figures: NCX against NHWC, f32 1x1 2.0x, f32 depthwise 4.4x, bf16 3x3 2.3x,
-// bf16 1x1 4.6x, bf16 depthwise 6.1x).
+// pay a float32 conversion. On AVX-512 CPUs oneDNN and, on GPUs, cuDNN run
+// much faster on channels-last data (issue 7's H100 figures: NCX against
+// NHWC, f32 1x1 2.0x, f32 depthwise 4.4x, bf16 3x3 2.3x, bf16 1x1 4.6x, bf16
+// depthwise 6.1x).
 double estimated_seconds(const Problem& problem, bool channels_last) {
   const Geometry g = geometry_of(problem);
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());

@@ -7,12 +7,10 @@
 #include "depthwise_kernel.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/Version.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
-#include <string>
 
 namespace torch_convgrad {
 namespace {
@@ -95,11 +93,7 @@ bool use_channels_last(const kernel::Args& args) {
 }
 
 KernelFn pick_kernel(bool channels_last) {
-  // at::get_cpu_capability() honours ATEN_CPU_CAPABILITY; AVX-512 machines run the AVX2 kernel.
-  static const bool avx2 = [] {
-    const std::string capability = at::get_cpu_capability();
-    return capability == "AVX2" || capability == "AVX512";
-  }();
+  const bool avx2 = cpu_runs_avx2_kernels();
   if (channels_last) return avx2 ? kernel::AVX2::channels_last : kernel::DEFAULT::channels_last;
   return avx2 ? kernel::AVX2::channels_first : kernel::DEFAULT::channels_first;
 }

@@ -10,8 +10,9 @@
 //
 // over the flat (spatial) rows of every sample, on strided views read
 // directly: by a fused kernel that computes every tap at once (tap_gemm.h)
-// where the CPU has one, by BLAS otherwise. The input is packed into zero-padded channels-last phase
-// planes only where padding, stride or dtype need it (one copy, converting
+// where the CPU has one, by BLAS otherwise. The input is packed into
+// zero-padded channels-last phase planes only where padding, stride or dtype
+// need it (one copy, converting
 // f16/bf16 to float32 on the way, so they accumulate in float32); a 1x1
 // stride-1 weight gradient on either layout needs no copy at all. Rows of the
 // pitch-padded output gradient are zero, so they add nothing; where they meet
@@ -200,7 +201,7 @@ at::Tensor run(const Problem& problem) {
   // The fused kernel computes every tap at once from row-major operands; BLAS
   // takes the rest (float64, channels-first operands, other devices).
   const int64_t lda = planes.stride(2);
-  const bool fused = planes.is_cpu() && dtype == at::kFloat && tap_products_vectorised() && planes.stride(3) == 1 &&
+  const bool fused = planes.is_cpu() && dtype == at::kFloat && cpu_runs_avx2_kernels() && planes.stride(3) == 1 &&
                      grad_output.stride(2) == 1 && planes.stride(0) % lda == 0;
   std::vector<int64_t> fused_offsets;
   for (size_t tap = 0; tap < tap_offsets.size(); ++tap)
@@ -264,7 +265,7 @@ double cost(const Problem& problem) {
   const bool packs_input = !layout.direct || converts;
   const bool packs_grad_output = padded_rows != rows || converts;
   const bool input_channels_last = problem.input.stride(1) == 1;
-  const bool fused = dtype != at::kDouble && tap_products_vectorised() && (input_channels_last || packs_input) &&
+  const bool fused = dtype != at::kDouble && cpu_runs_avx2_kernels() && (input_channels_last || packs_input) &&
                      (problem.grad_output.stride(1) == 1 || packs_grad_output);
 
   const auto width = [fused](int64_t channels) {

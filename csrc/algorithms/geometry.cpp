@@ -1,5 +1,9 @@
 #include "algorithm.h"
 
+#include <ATen/Version.h>
+
+#include <string>
+
 namespace torch_convgrad {
 
 Geometry geometry_of(const Problem& problem) {
@@ -31,6 +35,14 @@ double Geometry::data_bytes(int64_t element_size) const {
   const double input = static_cast<double>(batch) * in_channels * in[0] * in[1] * in[2];
   const double grad_output = static_cast<double>(batch) * out_channels * out[0] * out[1] * out[2];
   return (input + grad_output) * static_cast<double>(element_size);
+}
+
+bool cpu_runs_avx2_kernels() {
+  static const bool avx2 = [] {
+    const std::string capability = at::get_cpu_capability();
+    return capability == "AVX2" || capability == "AVX512";
+  }();
+  return avx2;
 }
 
 }  // namespace torch_convgrad

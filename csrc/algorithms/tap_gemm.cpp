@@ -2,13 +2,13 @@
 // kernel (tap_gemm_kernel.h) compiled for this CPU's capability on them.
 #include "tap_gemm.h"
 
+#include "algorithm.h"
+
 #include "tap_gemm_kernel.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/Version.h>
 
 #include <algorithm>
-#include <string>
 #include <utility>
 
 namespace torch_convgrad {
@@ -62,15 +62,6 @@ Split choose_split(int64_t tiles_m, int64_t tiles_o, int64_t threads) {
 
 }  // namespace
 
-bool tap_products_vectorised() {
-  // at::get_cpu_capability() honours ATEN_CPU_CAPABILITY; AVX-512 machines run the AVX2 kernel.
-  static const bool avx2 = [] {
-    const std::string capability = at::get_cpu_capability();
-    return capability == "AVX2" || capability == "AVX512";
-  }();
-  return avx2;
-}
-
 void tap_products(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows, const int64_t* offsets,
                   int64_t taps, int64_t channels_a, int64_t channels_b, float* out, bool accumulate) {
   const int64_t m = taps * channels_a;
@@ -80,7 +71,7 @@ void tap_products(const float* a, int64_t lda, const float* b, int64_t ldb, int6
     return;
   }
   const kernel::Args args{a, lda, b, ldb, rows, offsets, taps, channels_a, channels_b, out, accumulate};
-  const auto block = tap_products_vectorised() ? kernel::AVX2::block : kernel::DEFAULT::block;
+  const auto block = cpu_runs_avx2_kernels() ? kernel::AVX2::block : kernel::DEFAULT::block;
   const int64_t tiles_m = ceil_div(m, kernel::kTileM), tiles_o = ceil_div(channels_b, kernel::kTileO);
   const bool pack_a = lda % kAliasingLda == 0;
   const Split split = choose_split(tiles_m, tiles_o, at::get_num_threads());

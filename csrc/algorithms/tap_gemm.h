@@ -16,7 +16,4 @@ namespace torch_convgrad {
 void tap_products(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows, const int64_t* offsets,
                   int64_t taps, int64_t channels_a, int64_t channels_b, float* out, bool accumulate);
 
-// Whether tap_products runs its AVX2 kernel on this CPU (and ATEN_CPU_CAPABILITY).
-bool tap_products_vectorised();
-
 }  // namespace torch_convgrad
