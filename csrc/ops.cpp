@@ -1,6 +1,6 @@
 // The op schemas, declared once; kernels live in one file per dispatch key
-// (cpu/, cuda/, meta/, composite/, autocast/) and autograd in Python
-// (torch_convgrad/_registrations.py).
+// (cpu/, cuda/, meta/, composite/, autocast/, autograd/); vmap rules and
+// DTensor sharding strategies are registered in Python (torch_convgrad/).
 #include <Python.h>
 #include <torch/library.h>
 

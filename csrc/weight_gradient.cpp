@@ -71,7 +71,14 @@ std::tuple<at::Tensor, at::Tensor> weight_gradient_backward(const Problem& probl
     d_grad_output = at::convolution_symint(padded, weight, std::nullopt, stride, no_padding, dilation,
                                            /*transposed=*/false, no_padding, problem.groups);
   }
-  const auto caller = [&](const at::Tensor& ncx) { return ncx.defined() ? problem.to_caller_layout(ncx) : ncx; };
+  // Fresh contiguous tensors in the caller's layout, whatever layout ATen's
+  // convolutions chose, so the fake kernel's strides and offset match (a
+  // narrowed result that stays contiguous keeps an offset: copy it too).
+  const auto caller = [&](const at::Tensor& ncx) {
+    if (!ncx.defined()) return ncx;
+    at::Tensor result = problem.to_caller_layout(ncx).contiguous();
+    return result.sym_storage_offset() != 0 ? result.clone() : result;
+  };
   if (swapped) return {caller(d_grad_output), caller(d_input)};
   return {caller(d_input), caller(d_grad_output)};
 }

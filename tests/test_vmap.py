@@ -6,6 +6,7 @@ Checked here: equality with a Python loop for every op / filter format / data la
 rank, groups, in_dims with a shared (None) side, in_dims != 0, nested vmap, per-sample
 gradients against functorch's ``vmap(grad(...))``, and the single op call.
 """
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -288,3 +289,65 @@ def test_vmap_raises_like_eager(op, bad):
     with pytest.raises(ValueError) as batched:
         vmap(fn)(xs, dys)
     assert str(batched.value) == str(eager.value)
+
+
+# ---------------------------------------------------------------------------
+# the *_backward ops (reached by vmap over gradients: vmap(grad), jacrev)
+# ---------------------------------------------------------------------------
+
+BACKWARD_OPS = {"filters": "conv_backprop_filters_backward", "weights": "conv_backprop_filters_backward",
+                "transpose": "conv_transpose_backprop_filters_backward"}
+
+
+def backward_function(problem, output_mask):
+    backward = getattr(torch.ops.torch_convgrad, BACKWARD_OPS[problem.op])
+    shape, kw = problem.shape(), problem.kwargs()
+    kw["filter_format"] = kw.pop(FORMAT_KW[problem.op])
+    return lambda g, x, dy: backward(g, x, dy, shape, **kw, output_mask=output_mask)
+
+
+@pytest.mark.parametrize("output_mask", [[True, True], [True, False], [False, True]], ids=str)
+@pytest.mark.parametrize("problem", [p for p in MATRIX if p.op != "weights"], ids=Problem.id)
+def test_vmap_backward_op_is_one_call_and_matches_loop(problem, output_mask):
+    fn = backward_function(problem, output_mask)
+    xs, dys = batch_of(problem, 3)
+    grads = torch.randn(3, *problem.shape(), dtype=torch.float64)
+    name = f"torch_convgrad.{BACKWARD_OPS[problem.op]}.default"
+    out_dims = tuple(0 if needed else None for needed in output_mask)  # a gradient not asked for is None
+    with OpCalls() as calls:
+        got = vmap(fn, out_dims=out_dims)(grads, xs, dys)
+    assert calls.names.count(name) == 1, calls.names
+    for index, needed in enumerate(output_mask):
+        want = [fn(g, x, dy)[index] for g, x, dy in zip(grads, xs, dys)]
+        if not needed:
+            assert got[index] is None and all(w is None for w in want)
+            continue
+        torch.testing.assert_close(got[index], torch.stack(want), rtol=1e-12, atol=1e-12)
+        assert not torch.equal(got[index][0], got[index][1])
+
+
+@pytest.mark.parametrize("op", list(OP_NAMES))
+def test_vmap_backward_op_shared_grad_and_batch_zero(op):
+    problem = SMALL[op]
+    fn = backward_function(problem, [True, True])
+    xs, dys = batch_of(problem, 3)
+    g = torch.randn(problem.shape(), dtype=torch.float64)
+    got = vmap(fn, in_dims=(None, 0, 0))(g, xs, dys)
+    for index in range(2):
+        want = torch.stack([fn(g, x, dy)[index] for x, dy in zip(xs, dys)])
+        torch.testing.assert_close(got[index], want, rtol=1e-12, atol=1e-12)
+    empty = vmap(fn, in_dims=(None, 0, 0))(g, xs[:0], dys[:0])
+    assert empty[0].shape == (0, *xs.shape[1:]) and empty[1].shape == (0, *dys.shape[1:])
+
+
+@pytest.mark.parametrize("op", list(OP_NAMES))
+def test_jacrev_matches_autograd(op):
+    """jacrev runs vmap over the backward op (no per-sample fallback warning)."""
+    problem = SMALL[op]
+    fn = op_function(problem)
+    x, dy = problem.tensors(seed=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # functorch warns when it falls back to a loop
+        jacobian = torch.func.jacrev(fn, argnums=1)(x, dy)
+    flat = torch.autograd.functional.jacobian(lambda d: fn(x, d), dy)
+    torch.testing.assert_close(jacobian, flat, rtol=1e-12, atol=1e-12)

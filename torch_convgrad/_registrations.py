@@ -1,4 +1,4 @@
-"""vmap rules for the ops (autograd is in C++: csrc/autograd/).
+"""vmap rules for the ops (autograd is in C++: csrc/autograd/; DTensor in _dtensor.py).
 
 vmap: a batch of problems is one problem with the batch folded into the
 channels and ``groups * B`` groups, so per-sample weight gradients cost one
@@ -8,15 +8,9 @@ from __future__ import annotations
 
 import torch
 
-_ops = torch.ops.torch_convgrad
+from ._filter_axes import CHANNEL_AXES, group_spanning_axis
 
-# Where the filter axis that spans all groups (conv: O; ConvTranspose: IC)
-# stands in each filter format; vmap multiplies that axis by the batch.
-_GROUPED_AXIS = {
-    "conv_backprop_filters": {"XIO": -1, "OIX": 0},
-    "conv_backprop_weights": {"XIO": -1, "OIX": 0},
-    "conv_transpose_backprop_filters": {"XIO": -2, "OIX": 1, "IOX": 0, "XOI": -1},
-}
+_ops = torch.ops.torch_convgrad
 
 
 def _batch_first(tensor, dim, batch_size):
@@ -28,6 +22,13 @@ def _fold_into_channels(batched, channels_last):
     if channels_last:
         return batched.movedim(0, -2).flatten(-2)
     return batched.movedim(0, 1).flatten(1, 2)
+
+
+def _unfold_from_channels(folded, batch, channels_last):
+    """The inverse of _fold_into_channels."""
+    if channels_last:
+        return folded.unflatten(-1, (batch, -1)).movedim(-2, 0)
+    return folded.unflatten(1, (batch, -1)).movedim(1, 0)
 
 
 def _make_vmap_rule(op_name):
@@ -42,7 +43,7 @@ def _make_vmap_rule(op_name):
         arguments.update(zip(names, args), **kwargs)
         batch = info.batch_size
         samples = [_batch_first(args[index], in_dims[index], batch) for index in range(2)]
-        axis = _GROUPED_AXIS[op_name].get(str(arguments[format_name]).upper())
+        axis = group_spanning_axis(op_name, str(arguments[format_name]).upper())
         data_format = str(arguments["data_format"]).upper()
 
         def run_first_sample():
@@ -75,5 +76,51 @@ def _make_vmap_rule(op_name):
     return rule
 
 
-for _name in _GROUPED_AXIS:
+def _make_backward_vmap_rule(backward_name, op_name):
+    """The same fold for a ``*_backward`` op: the filter-shaped ``grad`` folds the batch into
+    its group-spanning axis, and the two results unfold from the channels."""
+    op = getattr(_ops, backward_name).default
+    names = [argument.name for argument in op._schema.arguments]
+    defaults = [argument.default_value for argument in op._schema.arguments]
+    shape_name, format_name = names[3], names[-2]
+
+    def rule(info, in_dims, *args, **kwargs):
+        arguments = dict(zip(names, defaults))
+        arguments.update(zip(names, args), **kwargs)
+        batch = info.batch_size
+        samples = [_batch_first(args[index], in_dims[index], batch) for index in range(3)]
+        axis = group_spanning_axis(op_name, str(arguments[format_name]).upper())
+        data_format = str(arguments["data_format"]).upper()
+        mask = arguments["output_mask"]
+        if batch == 0:
+            return tuple(sample.new_empty(sample.shape) if needed else None
+                         for sample, needed in zip(samples[1:], mask)), tuple(0 if m else None for m in mask)
+        if axis is None or data_format not in ("NXC", "NCX"):
+            # An argument the op rejects: a call per sample raises its usual error.
+            per_sample = [op(**dict(arguments, **dict(zip(names[:3], sample)))) for sample in zip(*samples)]
+            return tuple(torch.stack(results) if needed else None
+                         for results, needed in zip(zip(*per_sample), mask)), tuple(0 if m else None for m in mask)
+        channels_last = data_format == "NXC"
+        folded_arguments = dict(arguments, groups=arguments["groups"] * batch)
+        for name, sample in zip(names[1:3], samples[1:]):
+            folded_arguments[name] = _fold_into_channels(sample, channels_last)
+        axis %= samples[0].dim() - 1  # in the per-sample filter
+        grad = samples[0].movedim(0, axis).flatten(axis, axis + 1)
+        shape = list(arguments[shape_name])
+        shape[axis] *= batch
+        folded_arguments.update(grad=grad, **{shape_name: shape})
+        results = op(**folded_arguments)
+        unfolded = tuple(
+            None if result is None else _unfold_from_channels(result, batch, channels_last).contiguous()
+            for result in results
+        )
+        return unfolded, tuple(None if result is None else 0 for result in unfolded)
+
+    return rule
+
+
+for _name in CHANNEL_AXES:
     torch.library.register_vmap(f"torch_convgrad::{_name}", _make_vmap_rule(_name))
+for _backward, _name in (("conv_backprop_filters_backward", "conv_backprop_filters"),
+                         ("conv_transpose_backprop_filters_backward", "conv_transpose_backprop_filters")):
+    torch.library.register_vmap(f"torch_convgrad::{_backward}", _make_backward_vmap_rule(_backward, _name))

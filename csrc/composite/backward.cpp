@@ -1,7 +1,7 @@
-// The backward formulas, registered as CompositeImplicitAutograd: they are
-// built from ATen ops called through the dispatcher, so autograd
-// differentiates them again (double backward) and torch.compile traces
-// through them with symbolic sizes. Python's register_autograd calls these ops.
+// The backward formulas, registered as CompositeExplicitAutograd: built from
+// ATen ops called through the dispatcher, they serve every backend and the
+// Meta key (fake tensors, symbolic sizes). Their own derivatives are in
+// autograd/, in terms of these ops and the weight gradients.
 #include "../problem.h"
 #include "../weight_gradient.h"
 
@@ -34,7 +34,7 @@ std::tuple<at::Tensor, at::Tensor> conv_transpose_backprop_filters_backward(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torch_convgrad, CompositeImplicitAutograd, m) {
+TORCH_LIBRARY_IMPL(torch_convgrad, CompositeExplicitAutograd, m) {
   m.impl("conv_backprop_filters_backward", &conv_backprop_filters_backward);
   m.impl("conv_transpose_backprop_filters_backward", &conv_transpose_backprop_filters_backward);
 }
