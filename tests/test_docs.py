@@ -12,6 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_readme_python_blocks_run(tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    # The torchrun block needs several processes: tests/test_distributed.py runs it.
+    blocks = [block for block in blocks if not block.startswith("# torchrun")]
     assert len(blocks) >= 5
     namespace = {}
     cwd = os.getcwd()

@@ -10,7 +10,8 @@ slow float64 reference written from the spec.
 import torch  # noqa: F401  (loads libtorch before our library)
 
 from . import _C  # noqa: F401  (registers the torch_convgrad ops)
-from . import _registrations  # noqa: F401  (autograd and vmap rules)
+from . import _dtensor_hook  # noqa: F401  (DTensor sharding strategies)
+from . import _registrations  # noqa: F401  (vmap rules)
 from .algorithms import algorithm_names, last_algorithm, use_algorithm
 from .functional import (
     conv_backprop_filters,
