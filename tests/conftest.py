@@ -19,6 +19,10 @@ settings.register_profile("suite", max_examples=300, deadline=None, suppress_hea
 settings.register_profile("fuzz", max_examples=20_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
 
+# The devices the device-generic tests run on; CUDA is skipped, with the reason, where absent.
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -66,7 +70,7 @@ def with_layout(t, layout):
     if layout == "contiguous":
         return t.contiguous()
     if layout == "sliced":
-        big = torch.full([2 * n + 1 for n in t.shape], float("nan"), dtype=t.dtype)
+        big = torch.full([2 * n + 1 for n in t.shape], float("nan"), dtype=t.dtype, device=t.device)
         view = big[tuple(slice(1, 1 + 2 * n, 2) for n in t.shape)]
         view.copy_(t)
         return view
@@ -84,10 +88,11 @@ def with_layout(t, layout):
     raise ValueError(layout)
 
 
-def rand(shape, dtype=torch.float32, seed=0, layout="contiguous"):
-    """Random normal data (generated in float64, rounded to ``dtype``) in ``layout``."""
+def rand(shape, dtype=torch.float32, seed=0, layout="contiguous", device="cpu"):
+    """Random normal data (generated in float64 on the CPU, rounded to ``dtype``, so every
+    device gets the same values) on ``device``, in ``layout``."""
     gen = torch.Generator().manual_seed(seed)
-    t = torch.randn(list(shape), generator=gen, dtype=torch.float64).to(dtype)
+    t = torch.randn(list(shape), generator=gen, dtype=torch.float64).to(dtype).to(device)
     return with_layout(t, layout)
 
 
@@ -99,11 +104,12 @@ def data_shape(n, c, spatial, data_format):
 
 
 def assert_matches_ref(out, ref, dtype):
-    """``out`` (in ``dtype``) equals the float64 reference within the dtype's tolerance."""
+    """``out`` (in ``dtype``, on any device) equals the float64 reference (on the CPU) within
+    the dtype's tolerance."""
     rtol, frac = _TOL[dtype]
     scale = ref.abs().max().item() if ref.numel() else 0.0
     atol = max(frac * scale, 1e-12)
-    torch.testing.assert_close(out.detach().to(torch.float64), ref, rtol=rtol, atol=atol)
+    torch.testing.assert_close(out.detach().to("cpu", torch.float64), ref, rtol=rtol, atol=atol)
 
 
 def check_result(out, x, shape):
@@ -113,6 +119,17 @@ def check_result(out, x, shape):
     assert out.device == x.device, (out.device, x.device)
     assert out.is_contiguous()
     assert list(out.shape) == [int(v) for v in shape], (list(out.shape), list(shape))
+
+
+@pytest.fixture(params=DEVICES)
+def device(request, monkeypatch):
+    """Each of DEVICES in turn. On CUDA, cuDNN runs without TF32 (results are compared with
+    the float64 reference at float32 tolerance) and deterministically (results of two runs
+    are compared bit for bit, and gradcheck needs a reentrant backward)."""
+    if request.param == "cuda":
+        monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+        monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    return request.param
 
 
 @pytest.fixture

@@ -112,8 +112,9 @@ class Problem:
             kw["output_padding"] = op_pad
         return kw
 
-    def tensors(self, dtype=torch.float64, seed=0, requires_grad=False, n=None):
-        """(input_forward, output_delta) with random normal values."""
+    def tensors(self, dtype=torch.float64, seed=0, requires_grad=False, n=None, device="cpu"):
+        """(input_forward, output_delta) with random normal values (drawn on the CPU, so the
+        same on every device) on ``device``."""
         n = self.n if n is None else n
         _, _, _, small = self.resolve()
         gen = torch.Generator().manual_seed(seed)
@@ -123,7 +124,7 @@ class Problem:
         else:
             x = data_tensor(n, self.c, self.size, self.data_format, dtype, gen)
             dy = data_tensor(n, self.o, small, self.data_format, dtype, gen)
-        return x.requires_grad_(requires_grad), dy.requires_grad_(requires_grad)
+        return x.to(device).requires_grad_(requires_grad), dy.to(device).requires_grad_(requires_grad)
 
     def args(self, **tensor_kw):
         x, dy = self.tensors(**tensor_kw)

@@ -1,11 +1,13 @@
-"""CPU autocast policy and run-to-run determinism of the torch_convgrad ops.
+"""Autocast policy and run-to-run determinism of the torch_convgrad ops, on each device.
 
-Autocast (csrc/autocast/): inside ``torch.autocast("cpu", dtype=...)`` floating inputs other
+Autocast (csrc/autocast/): inside ``torch.autocast(device, dtype=...)`` floating inputs other
 than float64 are cast to the region's dtype and the op runs and returns in it; float64
 inputs are left alone.
 
 Determinism: on CPU only run-to-run reproducibility at a fixed thread count is promised
 (results at different thread counts may differ in the last bits), so only that is checked.
+On CUDA it is promised under ``torch.use_deterministic_algorithms(True)``, as for
+``nn.Conv2d``.
 """
 from dataclasses import replace
 
@@ -14,7 +16,7 @@ import torch
 
 import torch_convgrad  # noqa: F401  (registers the ops)
 from problems import OP_NAMES, FORMATS, FORMAT_KW, op_packet, Problem
-from conftest import REF
+from conftest import REF, requires_cuda
 
 
 
@@ -29,13 +31,14 @@ REF_FN = {"filters": REF.conv_backprop_filters, "weights": REF.conv_backprop_wei
 
 
 def reference(problem, x, dy):
+    """The float64 reference, computed on the CPU."""
     kw = problem.kwargs()
     pb, pe, auto_pad, _ = problem.resolve()
     fmt_kw = FORMAT_KW[problem.op]
     args = dict(strides=kw["strides"], pads_begin=pb, pads_end=pe, dilations=kw["dilations"],
                 groups=problem.g, data_format=problem.data_format)
     args[fmt_kw] = problem.fmt
-    return REF_FN[problem.op](x, dy, problem.shape(), **args)
+    return REF_FN[problem.op](x.cpu(), dy.cpu(), problem.shape(), **args)
 
 
 AUTOCAST_PROBLEMS = [
@@ -44,18 +47,20 @@ AUTOCAST_PROBLEMS = [
     for op in OP_NAMES for i, df in enumerate(("NXC", "NCX"))
 ]
 
-CPU_AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
+AUTOCAST_DTYPES = [torch.bfloat16, torch.float16]
+# The region's dtype when none is given.
+DEFAULT_AUTOCAST_DTYPE = {"cpu": torch.bfloat16, "cuda": torch.float16}
 
 
-@pytest.mark.parametrize("dtype", CPU_AUTOCAST_DTYPES, ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=["bf16", "f16"])
 @pytest.mark.parametrize("problem", AUTOCAST_PROBLEMS, ids=Problem.id)
-def test_autocast_casts_float32(problem, dtype):
+def test_autocast_casts_float32(problem, dtype, device):
     # CPU autocast takes float16 as well as bfloat16 in this torch; a torch that did not would
     # disable the region (caught by the first assertion), not skip.
     fn = op_function(problem)
-    x, dy = problem.tensors(dtype=torch.float32, seed=1)
-    with torch.autocast("cpu", dtype=dtype):
-        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == dtype
+    x, dy = problem.tensors(dtype=torch.float32, seed=1, device=device)
+    with torch.autocast(device, dtype=dtype):
+        assert torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == dtype
         got = fn(x, dy)
     assert got.dtype == dtype
     assert list(got.shape) == problem.shape() and got.is_contiguous()
@@ -67,60 +72,61 @@ def test_autocast_casts_float32(problem, dtype):
     # and close to the float64 reference (accumulation in float32, one rounding)
     ref = reference(problem, x.to(dtype), dy.to(dtype))
     scale = ref.abs().max().item()
-    torch.testing.assert_close(got.double(), ref, rtol=0, atol=(2e-2 if dtype == torch.bfloat16 else 5e-3) * scale)
+    torch.testing.assert_close(got.to("cpu", torch.float64), ref, rtol=0,
+                               atol=(2e-2 if dtype == torch.bfloat16 else 5e-3) * scale)
 
 
-@pytest.mark.parametrize("dtype", CPU_AUTOCAST_DTYPES, ids=["bf16", "f16"])
+@pytest.mark.parametrize("dtype", AUTOCAST_DTYPES, ids=["bf16", "f16"])
 @pytest.mark.parametrize("problem", AUTOCAST_PROBLEMS, ids=Problem.id)
-def test_autocast_keeps_float64(problem, dtype):
+def test_autocast_keeps_float64(problem, dtype, device):
     fn = op_function(problem)
-    x, dy = problem.tensors(dtype=torch.float64, seed=2)
-    with torch.autocast("cpu", dtype=dtype):
+    x, dy = problem.tensors(dtype=torch.float64, seed=2, device=device)
+    with torch.autocast(device, dtype=dtype):
         got = fn(x, dy)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, fn(x, dy), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_autocast_mixed_float32_and_bfloat16(op):
+def test_autocast_mixed_float32_and_bfloat16(op, device):
     """Outside autocast mixed dtypes are a TypeError; inside, both are cast to bf16."""
     problem = AUTOCAST_PROBLEMS[[p.op for p in AUTOCAST_PROBLEMS].index(op)]
     fn = op_function(problem)
-    x, dy = problem.tensors(dtype=torch.float32, seed=3)
+    x, dy = problem.tensors(dtype=torch.float32, seed=3, device=device)
     with pytest.raises(TypeError):
         fn(x, dy.to(torch.bfloat16))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         got = fn(x, dy.to(torch.bfloat16))
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, fn(x.bfloat16(), dy.bfloat16()), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_autocast_disabled_region_and_python_api(op):
+def test_autocast_default_dtype_disabled_region_and_python_api(op, device):
     api = {"filters": torch_convgrad.conv_backprop_filters, "weights": torch_convgrad.conv_backprop_weights,
            "transpose": torch_convgrad.conv_transpose_backprop_filters}[op]
     problem = Problem(op=op, fmt="XIO", size=(6, 6), n=2, c=2, o=4, k=(3, 3), pads=((1, 1), (1, 1)),
                       data_format="NXC")
-    x, dy = problem.tensors(dtype=torch.float32, seed=4)
+    x, dy = problem.tensors(dtype=torch.float32, seed=4, device=device)
     call = lambda: api(x, dy, problem.shape(), pads_begin=1, pads_end=1)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert call().dtype == torch.bfloat16
-        with torch.autocast("cpu", enabled=False):
+    with torch.autocast(device):
+        assert call().dtype == DEFAULT_AUTOCAST_DTYPE[device]
+        with torch.autocast(device, enabled=False):
             assert call().dtype == torch.float32
     assert call().dtype == torch.float32
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_autocast_backward(op):
+def test_autocast_backward(op, device):
     """Autograd through an autocast region: the float32 leaves get float32 gradients equal to
     the gradients of the bf16 computation cast back."""
     problem = AUTOCAST_PROBLEMS[[p.op for p in AUTOCAST_PROBLEMS].index(op)]
     fn = op_function(problem)
-    x, dy = problem.tensors(dtype=torch.float32, seed=5)
-    weight = torch.randn(problem.shape())
+    x, dy = problem.tensors(dtype=torch.float32, seed=5, device=device)
+    weight = torch.randn(problem.shape(), device=device)
 
     a, b = x.clone().requires_grad_(), dy.clone().requires_grad_()
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         out = fn(a, b)
     assert out.dtype == torch.bfloat16 and out.requires_grad
     ga, gb = torch.autograd.grad((out.float() * weight).sum(), (a, b))
@@ -158,13 +164,35 @@ def threads():
     torch.set_num_threads(before)
 
 
-@pytest.mark.parametrize("num_threads", [1, 2])
+@pytest.fixture
+def deterministic(device, monkeypatch):
+    """What determinism is promised under: on CUDA ``torch.use_deterministic_algorithms(True)``
+    alone (the device fixture's deterministic cuDNN is lifted), restored after; nothing on CPU."""
+    if device != "cuda":
+        yield
+        return
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
+    before = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before, warn_only=warn_only)
+
+
+# CPU at each thread count; CUDA once (threads do not matter there). `device` goes through the
+# device fixture.
+@pytest.mark.parametrize("device,num_threads", [
+    pytest.param("cpu", 1, id="cpu-1"), pytest.param("cpu", 2, id="cpu-2"),
+    pytest.param("cuda", None, id="cuda", marks=requires_cuda),
+], indirect=["device"])
 @pytest.mark.parametrize("op,data_format,fmt,g", DETERMINISM, ids=lambda v: str(v))
-def test_run_to_run_bitwise_identical(op, data_format, fmt, g, num_threads, threads):
-    torch.set_num_threads(num_threads)
+def test_run_to_run_bitwise_identical(op, data_format, fmt, g, device, num_threads, threads,
+                                      deterministic):
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
     problem = _medium(op, data_format, fmt, g)
     fn = op_function(problem)
-    x, dy = problem.tensors(dtype=torch.float32, seed=6)
+    x, dy = problem.tensors(dtype=torch.float32, seed=6, device=device)
     if problem.op != "transpose":
         assert list(x.shape) == ([8, 32, 32, 16] if data_format == "NXC" else [8, 16, 32, 32])
     first = fn(x, dy)
@@ -177,21 +205,21 @@ def test_run_to_run_bitwise_identical(op, data_format, fmt, g, num_threads, thre
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_run_to_run_bitwise_identical_half(op, dtype):
+def test_run_to_run_bitwise_identical_half(op, dtype, device, deterministic):
     problem = _medium(op, "NXC", "XIO")
     fn = op_function(problem)
-    x, dy = problem.tensors(dtype=dtype, seed=7)
+    x, dy = problem.tensors(dtype=dtype, seed=7, device=device)
     first = fn(x, dy)
     for _ in range(2):
         assert torch.equal(fn(x, dy), first)
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_backward_run_to_run_bitwise_identical(op):
+def test_backward_run_to_run_bitwise_identical(op, device, deterministic):
     problem = replace(_medium(op, "NCX", FORMATS[op][-1]), n=2)
     fn = op_function(problem)
-    x, dy = problem.tensors(dtype=torch.float32, seed=8)
-    weight = torch.randn(problem.shape(), generator=torch.Generator().manual_seed(9))
+    x, dy = problem.tensors(dtype=torch.float32, seed=8, device=device)
+    weight = torch.randn(problem.shape(), generator=torch.Generator().manual_seed(9)).to(device)
 
     def grads():
         a, b = x.clone().requires_grad_(), dy.clone().requires_grad_()
@@ -204,18 +232,18 @@ def test_backward_run_to_run_bitwise_identical(op):
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_autocast_composes_with_vmap_and_compile(op):
+def test_autocast_composes_with_vmap_and_compile(op, device):
     problem = AUTOCAST_PROBLEMS[[p.op for p in AUTOCAST_PROBLEMS].index(op)]
     fn = op_function(problem)
-    pairs = [problem.tensors(dtype=torch.float32, seed=30 + i) for i in range(3)]
+    pairs = [problem.tensors(dtype=torch.float32, seed=30 + i, device=device) for i in range(3)]
     xs, dys = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         batched = torch.func.vmap(fn)(xs, dys)
     assert batched.dtype == torch.bfloat16
     torch.testing.assert_close(batched, torch.func.vmap(fn)(xs.bfloat16(), dys.bfloat16()), rtol=0, atol=0)
 
     def autocast_fn(x, dy):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             return fn(x, dy)
 
     torch._dynamo.reset()

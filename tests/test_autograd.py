@@ -7,7 +7,7 @@ The ops are bilinear in (input_forward, output_delta); their gradients come from
 
 The broad matrix runs gradcheck/gradgradcheck in ``fast_mode`` (random projections of the
 Jacobians, with batched-grad checks through vmap); a smaller set of tiny problems runs the
-full (slow-mode) Jacobian comparison.
+full (slow-mode) Jacobian comparison. Every test with tensors runs on each device.
 """
 from dataclasses import replace
 
@@ -65,8 +65,8 @@ def test_matrix_covers_the_brief():
 
 
 @pytest.mark.parametrize("problem", MATRIX, ids=Problem.id)
-def test_gradcheck_fast(problem):
-    x, dy = problem.tensors(requires_grad=True, seed=1)
+def test_gradcheck_fast(problem, device):
+    x, dy = problem.tensors(requires_grad=True, seed=1, device=device)
     f = as_function(problem)
     assert gradcheck(f, (x, dy), fast_mode=True, check_batched_grad=True)
     assert gradgradcheck(f, (x, dy), fast_mode=True, check_batched_grad=True)
@@ -94,8 +94,8 @@ SLOW = [
 
 
 @pytest.mark.parametrize("problem", SLOW, ids=Problem.id)
-def test_gradcheck_full(problem):
-    x, dy = problem.tensors(requires_grad=True, seed=2)
+def test_gradcheck_full(problem, device):
+    x, dy = problem.tensors(requires_grad=True, seed=2, device=device)
     f = as_function(problem)
     assert gradcheck(f, (x, dy))
     assert gradgradcheck(f, (x, dy))
@@ -123,6 +123,12 @@ BACKWARD_OP = {
 }
 
 
+def random_weight(problem, seed, device):
+    """A float64 weighting of the result, drawn on the CPU (the same on every device)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(problem.shape(), dtype=torch.float64, generator=generator).to(device)
+
+
 def _profiled_backward(out, weight, inputs):
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         grads = torch.autograd.grad((out * weight).sum(), inputs)
@@ -131,10 +137,10 @@ def _profiled_backward(out, weight, inputs):
 
 @pytest.mark.parametrize("side", [0, 1], ids=["input_forward_only", "output_delta_only"])
 @pytest.mark.parametrize("problem", ONE_SIDED, ids=Problem.id)
-def test_gradient_of_one_input(problem, side):
+def test_gradient_of_one_input(problem, side, device):
     f = as_function(problem)
-    x, dy = problem.tensors(seed=3)
-    weight = torch.randn(problem.shape(), dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    x, dy = problem.tensors(seed=3, device=device)
+    weight = random_weight(problem, seed=4, device=device)
 
     # The gradient with both inputs requiring grad is the oracle for the one-sided one.
     both = [x.clone().requires_grad_(), dy.clone().requires_grad_()]
@@ -164,10 +170,10 @@ def test_gradient_of_one_input(problem, side):
 
 
 @pytest.mark.parametrize("problem", ONE_SIDED, ids=Problem.id)
-def test_backward_uses_backward_op_not_raw_kernel(problem):
+def test_backward_uses_backward_op_not_raw_kernel(problem, device):
     """The backward is the registered ``*_backward`` op (ATen convolutions inside), never
     the forward weight-gradient kernel itself."""
-    x, dy = problem.tensors(seed=5, requires_grad=True)
+    x, dy = problem.tensors(seed=5, requires_grad=True, device=device)
     out = as_function(problem)(x, dy)
     node = out.grad_fn.name()
     assert "torch_convgrad::" in node and OP_NAMES[problem.op].replace("_", "") in node.lower(), node
@@ -181,13 +187,13 @@ def test_backward_uses_backward_op_not_raw_kernel(problem):
 
 
 @pytest.mark.parametrize("problem", ONE_SIDED, ids=Problem.id)
-def test_double_backward_graph(problem):
+def test_double_backward_graph(problem, device):
     """create_graph=True gives differentiable gradients whose own backward runs (no raw kernel
     error, finite values), and the second-order gradient matches the bilinear identity
     d/dx <grad_dy(x, dy; w), v> = grad_x(x, v; w)."""
     f = as_function(problem)
-    x, dy = problem.tensors(seed=6, requires_grad=True)
-    weight = torch.randn(problem.shape(), dtype=torch.float64, generator=torch.Generator().manual_seed(7))
+    x, dy = problem.tensors(seed=6, requires_grad=True, device=device)
+    weight = random_weight(problem, seed=7, device=device)
     gx, gdy = torch.autograd.grad((f(x, dy) * weight).sum(), (x, dy), create_graph=True)
     assert gx.requires_grad and gdy.requires_grad
     v = torch.randn_like(dy)
@@ -206,8 +212,8 @@ BATCH0 = [replace(p, n=0) for p in ONE_SIDED] + [
 
 
 @pytest.mark.parametrize("problem", BATCH0, ids=Problem.id)
-def test_batch_zero_backward(problem):
-    x, dy = problem.tensors(requires_grad=True)
+def test_batch_zero_backward(problem, device):
+    x, dy = problem.tensors(requires_grad=True, device=device)
     assert x.shape[0] == 0 and dy.shape[0] == 0
     out = as_function(problem)(x, dy)
     assert list(out.shape) == problem.shape()
@@ -225,13 +231,13 @@ def test_batch_zero_backward(problem):
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_python_api_is_differentiable(op):
+def test_python_api_is_differentiable(op, device):
     """The Python wrappers (int attributes broadcast per axis) carry the same autograd."""
     api = {"filters": torch_convgrad.conv_backprop_filters, "weights": torch_convgrad.conv_backprop_weights,
            "transpose": torch_convgrad.conv_transpose_backprop_filters}[op]
     problem = Problem(op=op, fmt="XIO", size=(5, 5), n=1, c=2, o=2, k=(3, 3), s=(2, 2), d=(1, 1),
                       pads=((1, 1), (1, 1)), data_format="NXC")
-    x, dy = problem.tensors(seed=8, requires_grad=True)
+    x, dy = problem.tensors(seed=8, requires_grad=True, device=device)
     assert gradcheck(lambda a, b: api(a, b, problem.shape(), strides=2, pads_begin=1, pads_end=1), (x, dy),
                      fast_mode=True)
     got = torch.autograd.grad(api(x, dy, problem.shape(), strides=2, pads_begin=1, pads_end=1).sum(), (x, dy))

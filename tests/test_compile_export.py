@@ -5,7 +5,8 @@
 (c) the op's ValueError surfaces under torch.compile,
 (d) torch.export: one call_function node per op, equal results, save/load round-trip in a
     fresh interpreter,
-(e) export with a dynamic batch dim (and automatic dynamic spatial dims).
+(e) export with a dynamic batch dim (and automatic dynamic spatial dims),
+each on every device.
 
 Inductor compiles are slow on a small CPU machine, so one test compiles a single function
 calling all three ops with inductor (inference and training); the per-op/per-format sweeps
@@ -97,10 +98,10 @@ for _op in OP_NAMES:
 
 
 @pytest.mark.parametrize("problem", COMPILE_PROBLEMS, ids=Problem.id)
-def test_compile_fullgraph_aot_eager(problem):
+def test_compile_fullgraph_aot_eager(problem, device):
     fn = op_function(problem)
-    x, dy = problem.tensors(dtype=torch.float32, seed=1)
-    weight = torch.randn(problem.shape(), generator=torch.Generator().manual_seed(2))
+    x, dy = problem.tensors(dtype=torch.float32, seed=1, device=device)
+    weight = torch.randn(problem.shape(), generator=torch.Generator().manual_seed(2)).to(device)
     dynamo_targets, aot_forward_targets = [], []
 
     def forward_compiler(gm, example_inputs):
@@ -127,7 +128,7 @@ def test_compile_fullgraph_aot_eager(problem):
     assert aot_forward_targets and all(t is packet.default for t in aot_forward_targets), aot_forward_targets
 
 
-def test_compile_inductor_all_ops_forward_and_backward():
+def test_compile_inductor_all_ops_forward_and_backward(device):
     """One inductor-compiled function calling all three ops (non-trivial formats and layouts),
     checked in inference and in training against eager."""
     problems = [
@@ -144,7 +145,8 @@ def test_compile_inductor_all_ops_forward_and_backward():
         outs = [f(tensors[2 * i], tensors[2 * i + 1]) for i, f in enumerate(fns)]
         return outs[0].sin(), outs[1] * 2.0, outs[2] + 1.0
 
-    inputs = [t for i, p in enumerate(problems) for t in p.tensors(dtype=torch.float32, seed=10 + i)]
+    inputs = [t for i, p in enumerate(problems)
+              for t in p.tensors(dtype=torch.float32, seed=10 + i, device=device)]
     compiled = torch.compile(model, backend="inductor", fullgraph=True)
 
     outputs, code = run_and_get_code(compiled, *inputs)
@@ -180,7 +182,7 @@ DYNAMIC_PADS = {"explicit": ((1, 0), (0, 1)), "same_upper": "same_upper", "same_
 
 @pytest.mark.parametrize("pads", list(DYNAMIC_PADS))
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_dynamic_compiles_once(op, pads):
+def test_dynamic_compiles_once(op, pads, device):
     fmt = FORMATS[op][-1]
     data_format = "NCX" if pads == "same_lower" else "NXC"
     base = Problem(op=op, fmt=fmt, size=(10, 13), c=3, o=4, k=(3, 2), s=(2, 1), d=(1, 2),
@@ -191,7 +193,7 @@ def test_dynamic_compiles_once(op, pads):
     shapes = set()
     for i, (n, size) in enumerate(DYNAMIC_SIZES):
         problem = replace(base, n=n, size=size)
-        x, dy = problem.tensors(dtype=torch.float32, seed=i)
+        x, dy = problem.tensors(dtype=torch.float32, seed=i, device=device)
         shapes.add((tuple(x.shape), tuple(dy.shape)))
         torch.testing.assert_close(compiled(x, dy), fn(x, dy), rtol=0, atol=0)
     assert len(shapes) == 3
@@ -204,15 +206,15 @@ def test_dynamic_compiles_once(op, pads):
     assert example and all(isinstance(t.shape[0], torch.SymInt) for t in example)
 
 
-def test_dynamic_compiles_once_aot_eager_with_backward():
+def test_dynamic_compiles_once_aot_eager_with_backward(device):
     """dynamic=True through AOTAutograd (forward + backward graphs) does not recompile either."""
     base = Problem(op="filters", fmt="OIX", size=(10, 13), c=3, o=4, k=(3, 2), s=(2, 1), d=(1, 2),
                    pads="same_upper", data_format="NCX")
     fn = op_function(base)
     compiled = torch.compile(fn, backend="aot_eager", dynamic=True, fullgraph=True)
-    weight = torch.randn(base.shape())
+    weight = torch.randn(base.shape(), device=device)
     for i, (n, size) in enumerate(DYNAMIC_SIZES):
-        x, dy = replace(base, n=n, size=size).tensors(dtype=torch.float32, seed=i)
+        x, dy = replace(base, n=n, size=size).tensors(dtype=torch.float32, seed=i, device=device)
         for g, w in zip(grads_of(compiled, x, dy, weight), grads_of(fn, x, dy, weight)):
             torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
@@ -222,10 +224,10 @@ def test_dynamic_compiles_once_aot_eager_with_backward():
 # (c) the op's error under torch.compile
 # ---------------------------------------------------------------------------
 
-def _bad_spatial_problem(op, data_format):
+def _bad_spatial_problem(op, data_format, device):
     problem = Problem(op=op, fmt=FORMATS[op][0], size=(8, 8), n=2, c=4, o=6, k=(3, 3), s=(2, 2),
                       pads="same_upper", data_format=data_format)
-    x, dy = problem.tensors(dtype=torch.float32)
+    x, dy = problem.tensors(dtype=torch.float32, device=device)
     axis = 1 if data_format == "NXC" else 2
     dy = torch.cat([dy, dy.narrow(axis, 0, 2)], axis)  # 2 more rows: inconsistent for every op
     return problem, x, dy
@@ -233,8 +235,8 @@ def _bad_spatial_problem(op, data_format):
 
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_compile_raises_op_error(op, dynamic):
-    problem, x, dy = _bad_spatial_problem(op, "NXC" if op != "weights" else "NCX")
+def test_compile_raises_op_error(op, dynamic, device):
+    problem, x, dy = _bad_spatial_problem(op, "NXC" if op != "weights" else "NCX", device)
     fn = op_function(problem)
     with pytest.raises(ValueError) as eager:
         fn(x, dy)
@@ -290,9 +292,9 @@ def _calls(ep, op):
 
 @pytest.mark.parametrize("strict", [False, True], ids=["nonstrict", "strict"])
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_export_single_node(op, strict):
+def test_export_single_node(op, strict, device):
     problem = EXPORT_PROBLEMS[op]
-    x, dy = problem.tensors(dtype=torch.float32, seed=3)
+    x, dy = problem.tensors(dtype=torch.float32, seed=3, device=device)
     module = OpModule(problem)
     ep = export(module, (x, dy), strict=strict)
     for program in (ep, ep.run_decompositions()):  # the op survives the core-ATen decompositions
@@ -301,14 +303,14 @@ def test_export_single_node(op, strict):
         assert str(calls[0].target) == f"torch_convgrad.{OP_NAMES[op]}.default"
         torch.testing.assert_close(program.module()(x, dy), module(x, dy), rtol=0, atol=0)
     # a new input of the same shape
-    x2, dy2 = problem.tensors(dtype=torch.float32, seed=4)
+    x2, dy2 = problem.tensors(dtype=torch.float32, seed=4, device=device)
     torch.testing.assert_close(ep.module()(x2, dy2), module(x2, dy2), rtol=0, atol=0)
 
 
-def test_export_save_load_roundtrip_in_fresh_process(tmp_path):
+def test_export_save_load_roundtrip_in_fresh_process(tmp_path, device):
     expected = {}
     for op, problem in EXPORT_PROBLEMS.items():
-        x, dy = problem.tensors(dtype=torch.float32, seed=5)
+        x, dy = problem.tensors(dtype=torch.float32, seed=5, device=device)
         ep = export(OpModule(problem), (x, dy))
         torch.export.save(ep, tmp_path / f"{op}.pt2")
         torch.save((x, dy), tmp_path / f"{op}_inputs.pt")
@@ -344,10 +346,10 @@ def test_export_save_load_roundtrip_in_fresh_process(tmp_path):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_export_dynamic_batch(op):
+def test_export_dynamic_batch(op, device):
     problem = EXPORT_PROBLEMS[op]
     module = OpModule(problem)
-    x, dy = problem.tensors(dtype=torch.float32, seed=6)
+    x, dy = problem.tensors(dtype=torch.float32, seed=6, device=device)
     batch = Dim("batch", min=2, max=64)
     ep = export(module, (x, dy), dynamic_shapes={"x": {0: batch}, "dy": {0: batch}})
     calls, _ = _calls(ep, op)
@@ -356,28 +358,28 @@ def test_export_dynamic_batch(op):
     assert all(isinstance(n.meta["val"].shape[0], torch.SymInt) for n in placeholders)
     assert any(r.lower == 2 and r.upper == 64 for r in ep.range_constraints.values()), ep.range_constraints
     for n in (2, 5, 9):
-        x, dy = problem.tensors(dtype=torch.float32, seed=n, n=n)
+        x, dy = problem.tensors(dtype=torch.float32, seed=n, n=n, device=device)
         torch.testing.assert_close(ep.module()(x, dy), module(x, dy), rtol=0, atol=0)
     # the batch dim of the two data tensors is one symbol: different batches are rejected
-    x, _ = problem.tensors(dtype=torch.float32, n=3)
-    _, dy = problem.tensors(dtype=torch.float32, n=4)
+    x, _ = problem.tensors(dtype=torch.float32, n=3, device=device)
+    _, dy = problem.tensors(dtype=torch.float32, n=4, device=device)
     with pytest.raises(Exception):
         ep.module()(x, dy)
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_export_automatic_dynamic_spatial(op):
+def test_export_automatic_dynamic_spatial(op, device):
     """Dim.AUTO on batch and spatial dims: the relation between the two spatial sizes is
     kept as a runtime check, and other consistent sizes run equal to eager."""
     problem = EXPORT_PROBLEMS[op]
     module = OpModule(problem)
-    x, dy = problem.tensors(dtype=torch.float32, seed=7)
+    x, dy = problem.tensors(dtype=torch.float32, seed=7, device=device)
     spatial = range(1, 3) if problem.data_format == "NXC" else range(2, 4)
     auto = {i: Dim.AUTO for i in (0, *spatial)}
     ep = export(module, (x, dy), dynamic_shapes={"x": auto, "dy": auto})
     assert len(_calls(ep, op)[0]) == 1
     for n, size in ((3, (9, 8)), (4, (12, 7))):
-        x2, dy2 = replace(problem, n=n, size=size).tensors(dtype=torch.float32, seed=n)
+        x2, dy2 = replace(problem, n=n, size=size).tensors(dtype=torch.float32, seed=n, device=device)
         torch.testing.assert_close(ep.module()(x2, dy2), module(x2, dy2), rtol=0, atol=0)
 
 
@@ -407,9 +409,9 @@ API_PROBLEMS = {op: Problem(op=op, fmt="OIX", size=(8, 9), n=2, c=4, o=6, g=2, k
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_compile_python_api_fullgraph(op):
+def test_compile_python_api_fullgraph(op, device):
     fn = _api_function(op)
-    x, dy = API_PROBLEMS[op].tensors(dtype=torch.float32, seed=12)
+    x, dy = API_PROBLEMS[op].tensors(dtype=torch.float32, seed=12, device=device)
     counter = CountingBackend()
     got = torch.compile(fn, backend=counter, fullgraph=True)(x, dy)
     torch.testing.assert_close(got, fn(x, dy), rtol=0, atol=0)
@@ -418,27 +420,27 @@ def test_compile_python_api_fullgraph(op):
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_compile_python_api_shape_tensor_with_graph_break(op):
+def test_compile_python_api_shape_tensor_with_graph_break(op, device):
     """A shape given as an integer tensor (the spec's s32 input) still gives the eager result
     under torch.compile without fullgraph."""
     fn = _api_function(op, shape_as_tensor=True)
-    x, dy = API_PROBLEMS[op].tensors(dtype=torch.float32, seed=13)
+    x, dy = API_PROBLEMS[op].tensors(dtype=torch.float32, seed=13, device=device)
     got = torch.compile(fn, backend="eager")(x, dy)
     torch.testing.assert_close(got, fn(x, dy), rtol=0, atol=0)
 
 
-def test_compile_python_api_shape_tensor_fullgraph():
+def test_compile_python_api_shape_tensor_fullgraph(device):
     """The shape's values become unbacked sizes; the checks on them turn into runtime asserts."""
     fn = _api_function("filters", shape_as_tensor=True)
-    x, dy = API_PROBLEMS["filters"].tensors(dtype=torch.float32, seed=14)
+    x, dy = API_PROBLEMS["filters"].tensors(dtype=torch.float32, seed=14, device=device)
     got = torch.compile(fn, backend="eager", fullgraph=True)(x, dy)
     torch.testing.assert_close(got, fn(x, dy), rtol=0, atol=0)
 
 
-def test_compile_shape_tensor_with_bad_values_raises_at_run_time():
+def test_compile_shape_tensor_with_bad_values_raises_at_run_time(device):
     """Values unknown at trace time are checked by runtime asserts: a wrong channel entry still raises."""
     problem = API_PROBLEMS["filters"]
-    x, dy = problem.tensors(dtype=torch.float32, seed=16)
+    x, dy = problem.tensors(dtype=torch.float32, seed=16, device=device)
 
     def fn(x, dy, shape):
         return torch_convgrad.conv_backprop_filters(x, dy, shape, strides=2, pads_begin=1, pads_end=0, groups=2,
@@ -453,25 +455,25 @@ def test_compile_shape_tensor_with_bad_values_raises_at_run_time():
         compiled(x, dy, bad)
 
 
-def test_export_python_api_shape_tensor():
+def test_export_python_api_shape_tensor(device):
     fn = _api_function("filters", shape_as_tensor=True)
 
     class Module(torch.nn.Module):
         def forward(self, x, dy):
             return fn(x, dy)
 
-    x, dy = API_PROBLEMS["filters"].tensors(dtype=torch.float32, seed=15)
+    x, dy = API_PROBLEMS["filters"].tensors(dtype=torch.float32, seed=15, device=device)
     ep = export(Module(), (x, dy))
     torch.testing.assert_close(ep.module()(x, dy), fn(x, dy), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("op", list(OP_NAMES))
-def test_compile_vmap_fullgraph(op):
+def test_compile_vmap_fullgraph(op, device):
     """vmap over the op inside a fullgraph-compiled function: the vmap rule is traced into a
     graph with a single op call."""
     problem = COMPILE_PROBLEMS[[p.op for p in COMPILE_PROBLEMS].index(op)]
     fn = op_function(problem)
-    pairs = [problem.tensors(dtype=torch.float32, seed=20 + i) for i in range(4)]
+    pairs = [problem.tensors(dtype=torch.float32, seed=20 + i, device=device) for i in range(4)]
     xs, dys = torch.stack([p[0] for p in pairs]), torch.stack([p[1] for p in pairs])
     seen = []
 

@@ -1,5 +1,6 @@
 """Bad input (SPEC.md section 7): every case raises ValueError (bad values) or TypeError (bad
-dtypes) whose message names the argument and, where natural, the bad value."""
+dtypes) whose message names the argument and, where natural, the bad value, with the data on
+each device."""
 
 import pytest
 import torch
@@ -35,15 +36,15 @@ N, C, O, K = 2, 4, 6, 3
 BIG, SMALL = [8, 8], [6, 6]
 
 
-def problem(op, *, c=C, o=O, x_sp=None, dy_sp=None, n_x=N, n_dy=N, dtype=torch.float32,
+def problem(op, device, *, c=C, o=O, x_sp=None, dy_sp=None, n_x=N, n_dy=N, dtype=torch.float32,
             data_format="NXC"):
     """(x, dy, XIO shape) of a valid problem, with overrides."""
     if x_sp is None:
         x_sp = SMALL if op == "transpose" else BIG
     if dy_sp is None:
         dy_sp = BIG if op == "transpose" else SMALL
-    x = rand(data_shape(n_x, c, x_sp, data_format), dtype, seed=1)
-    dy = rand(data_shape(n_dy, o, dy_sp, data_format), dtype, seed=2)
+    x = rand(data_shape(n_x, c, x_sp, data_format), dtype, seed=1, device=device)
+    dy = rand(data_shape(n_dy, o, dy_sp, data_format), dtype, seed=2, device=device)
     # groups 1: conv XIO (K, K, C/g, O) and ConvTranspose XIO (K, K, IC, OC/g) coincide
     return x, dy, [K, K, c, o]
 
@@ -76,8 +77,8 @@ def either(op):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("op", OPS)
-def test_baseline_is_valid(op):
-    x, dy, shape = problem(op)
+def test_baseline_is_valid(op, device):
+    x, dy, shape = problem(op, device)
     out = call(op, x, dy, shape)
     assert list(out.shape) == shape
 
@@ -88,28 +89,28 @@ def test_baseline_is_valid(op):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("ndim", [2, 6])
-def test_data_rank_out_of_range(op, ndim):
-    x = rand([N] + [3] * (ndim - 2) + [C], seed=1)
-    dy = rand([N] + [3] * (ndim - 2) + [O], seed=2)
+def test_data_rank_out_of_range(op, ndim, device):
+    x = rand([N] + [3] * (ndim - 2) + [C], seed=1, device=device)
+    dy = rand([N] + [3] * (ndim - 2) + [O], seed=2, device=device)
     shape = [1] * max(ndim - 2, 0) + ([C, O] if op != "transpose" else [C, O])
     raises(ValueError, op, x, dy, shape, names=either(op))
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_data_rank_of_input_not_3_to_5(op):
-    x, dy, shape = problem(op)
+def test_data_rank_of_input_not_3_to_5(op, device):
+    x, dy, shape = problem(op, device)
     raises(ValueError, op, x[0, 0], dy, shape, names=NAMES[op]["x"])
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_data_ranks_differ(op):
-    x, dy, shape = problem(op)
+def test_data_ranks_differ(op, device):
+    x, dy, shape = problem(op, device)
     raises(ValueError, op, x, dy[:, 0], shape, names=either(op))
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_batch_sizes_differ(op):
-    x, dy, shape = problem(op, n_dy=N + 3)
+def test_batch_sizes_differ(op, device):
+    x, dy, shape = problem(op, device, n_dy=N + 3)
     raises(ValueError, op, x, dy, shape, names=either(op), values=[N + 3])
 
 
@@ -123,8 +124,8 @@ LIST_ATTRS = ["strides", "dilations", "pads_begin", "pads_end"]
 @pytest.mark.parametrize("op,attr", [(op, attr) for op in OPS for attr in LIST_ATTRS]
                          + [("transpose", "output_padding")])
 @pytest.mark.parametrize("count", [1, 3])
-def test_wrong_number_of_values(op, attr, count):
-    x, dy, shape = problem(op)
+def test_wrong_number_of_values(op, attr, count, device):
+    x, dy, shape = problem(op, device)
     if count == 1 and attr != "output_padding":
         values = [1]  # a 1-element list is not the int shorthand
     else:
@@ -135,8 +136,8 @@ def test_wrong_number_of_values(op, attr, count):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("bad", [0, -2, [1, 0], [1, -7]], ids=str)
-def test_strides_below_one(op, bad):
-    x, dy, shape = problem(op)
+def test_strides_below_one(op, bad, device):
+    x, dy, shape = problem(op, device)
     value = bad if isinstance(bad, int) else bad[1]
     raises(ValueError, op, x, dy, shape, names="strides", values=[value] if value else [],
            strides=bad)
@@ -144,8 +145,8 @@ def test_strides_below_one(op, bad):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("bad", [0, -3, [0, 1], [1, -5]], ids=str)
-def test_dilations_below_one(op, bad):
-    x, dy, shape = problem(op)
+def test_dilations_below_one(op, bad, device):
+    x, dy, shape = problem(op, device)
     value = bad if isinstance(bad, int) else min(bad)
     raises(ValueError, op, x, dy, shape, names="dilations", values=[value] if value else [],
            dilations=bad)
@@ -154,32 +155,32 @@ def test_dilations_below_one(op, bad):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("attr", ["pads_begin", "pads_end"])
 @pytest.mark.parametrize("bad", [-1, [0, -4]], ids=str)
-def test_negative_pads(op, attr, bad):
-    x, dy, shape = problem(op)
+def test_negative_pads(op, attr, bad, device):
+    x, dy, shape = problem(op, device)
     value = bad if isinstance(bad, int) else bad[1]
     raises(ValueError, op, x, dy, shape, names=attr, values=[value], **{attr: bad})
 
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("groups", [0, -5])
-def test_groups_below_one(op, groups):
-    x, dy, shape = problem(op)
+def test_groups_below_one(op, groups, device):
+    x, dy, shape = problem(op, device)
     raises(ValueError, op, x, dy, shape, names="groups", values=[groups] if groups else [],
            groups=groups)
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_groups_not_dividing_input_channels(op):
+def test_groups_not_dividing_input_channels(op, device):
     # C (IC) = 4, O (OC) = 6, groups = 3 divides O but not C
-    x, dy, _ = problem(op)
+    x, dy, _ = problem(op, device)
     shape = [K, K, 1, O] if op != "transpose" else [K, K, C, O // 3]
     raises(ValueError, op, x, dy, shape, names="groups", values=[3], groups=3)
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_groups_not_dividing_output_delta_channels(op):
+def test_groups_not_dividing_output_delta_channels(op, device):
     # C (IC) = 4, O (OC) = 6, groups = 4 divides C but not O
-    x, dy, _ = problem(op)
+    x, dy, _ = problem(op, device)
     shape = [K, K, 1, O] if op != "transpose" else [K, K, C, 1]
     raises(ValueError, op, x, dy, shape, names="groups", values=[4], groups=4)
 
@@ -190,16 +191,16 @@ def test_groups_not_dividing_output_delta_channels(op):
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("shape", [[K, K, C], [K, K, C, O, 1], [K]], ids=str)
-def test_shape_wrong_length(op, shape):
-    x, dy, _ = problem(op)
+def test_shape_wrong_length(op, shape, device):
+    x, dy, _ = problem(op, device)
     raises(ValueError, op, x, dy, shape, names=NAMES[op]["shape"])
 
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("as_tensor", [False, True])
 @pytest.mark.parametrize("kernel", [0, -3])
-def test_shape_non_positive_entry(op, as_tensor, kernel):
-    x, dy, shape = problem(op)
+def test_shape_non_positive_entry(op, as_tensor, kernel, device):
+    x, dy, shape = problem(op, device)
     shape = [K, kernel] + shape[2:]
     if as_tensor:
         shape = torch.tensor(shape, dtype=torch.int32)
@@ -228,17 +229,17 @@ CHANNEL_CASES["weights"] = CHANNEL_CASES["filters"]
 @pytest.mark.parametrize("op,fmt,good,bad,value",
                          [(op, *case) for op in OPS for case in CHANNEL_CASES[op]],
                          ids=lambda v: str(v).replace(" ", ""))
-def test_shape_channels_do_not_match_data(op, fmt, good, bad, value):
-    x, dy, _ = problem(op)
+def test_shape_channels_do_not_match_data(op, fmt, good, bad, value, device):
+    x, dy, _ = problem(op, device)
     assert list(call(op, x, dy, good, groups=2, fmt=fmt).shape) == good
     raises(ValueError, op, x, dy, bad, names=NAMES[op]["shape"], values=[value], groups=2,
            fmt=fmt)
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_shape_kernel_mismatch_is_spatial_error(op):
+def test_shape_kernel_mismatch_is_spatial_error(op, device):
     # a kernel size inconsistent with the data sizes is a spatial (section 3) error
-    x, dy, shape = problem(op)
+    x, dy, shape = problem(op, device)
     shape = [K + 1, K] + shape[2:]
     with pytest.raises(ValueError) as info:
         call(op, x, dy, shape)
@@ -248,8 +249,8 @@ def test_shape_kernel_mismatch_is_spatial_error(op):
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("kind", ["float_tensor", "2d_tensor", "none", "float_list",
                                   "bool_tensor"])
-def test_shape_bad_type(op, kind):
-    x, dy, shape = problem(op)
+def test_shape_bad_type(op, kind, device):
+    x, dy, shape = problem(op, device)
     bad = {
         "float_tensor": torch.tensor(shape, dtype=torch.float32),
         "2d_tensor": torch.tensor([shape], dtype=torch.int32),
@@ -261,8 +262,8 @@ def test_shape_bad_type(op, kind):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_shape_missing(op):
-    x, dy, _ = problem(op)
+def test_shape_missing(op, device):
+    x, dy, _ = problem(op, device)
     with pytest.raises(TypeError):
         API[op](x, dy)
 
@@ -276,22 +277,22 @@ def test_shape_missing(op):
                                       ("auto_pad", ""), ("data_format", "NHWC"),
                                       ("data_format", "NCHW"), ("fmt", "HWIO"),
                                       ("fmt", "XXIO")])
-def test_unknown_string(op, attr, bad):
-    x, dy, shape = problem(op)
+def test_unknown_string(op, attr, bad, device):
+    x, dy, shape = problem(op, device)
     name = NAMES[op]["fmt"] if attr == "fmt" else attr
     raises(ValueError, op, x, dy, shape, names=name, values=[bad] if bad else [], **{attr: bad})
 
 
 @pytest.mark.parametrize("op,fmt", [("filters", "IOX"), ("weights", "XOI"), ("filters", "OXI")])
-def test_conv_rejects_transpose_only_formats(op, fmt):
+def test_conv_rejects_transpose_only_formats(op, fmt, device):
     # IOX / XOI exist only for ConvTranspose
-    x, dy, shape = problem(op)
+    x, dy, shape = problem(op, device)
     raises(ValueError, op, x, dy, shape, names=NAMES[op]["fmt"], values=[fmt], fmt=fmt)
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_string_attribute_not_a_string(op):
-    x, dy, shape = problem(op)
+def test_string_attribute_not_a_string(op, device):
+    x, dy, shape = problem(op, device)
     raises((TypeError, ValueError), op, x, dy, shape, names="data_format", data_format=3)
 
 
@@ -303,35 +304,36 @@ def test_string_attribute_not_a_string(op):
 @pytest.mark.parametrize("dx,ddy", [(torch.float32, torch.float64),
                                     (torch.float16, torch.bfloat16),
                                     (torch.float64, torch.float16)], ids=str)
-def test_dtype_mismatch(op, dx, ddy):
-    x, dy, shape = problem(op)
+def test_dtype_mismatch(op, dx, ddy, device):
+    x, dy, shape = problem(op, device)
     raises(TypeError, op, x.to(dx), dy.to(ddy), shape, names=either(op))
 
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool,
                                    torch.complex64, torch.complex128], ids=str)
-def test_unsupported_dtype(op, dtype):
-    x, dy, shape = problem(op)
+def test_unsupported_dtype(op, dtype, device):
+    x, dy, shape = problem(op, device)
     raises(TypeError, op, x.to(dtype), dy.to(dtype), shape, names=either(op))
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_unsupported_dtype_in_one_tensor(op):
-    x, dy, shape = problem(op)
+def test_unsupported_dtype_in_one_tensor(op, device):
+    x, dy, shape = problem(op, device)
     raises(TypeError, op, x, dy.to(torch.int32), shape, names=either(op))
     raises(TypeError, op, x.to(torch.complex64), dy, shape, names=either(op))
 
 
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("which", ["x", "dy"])
-def test_device_mismatch(op, which):
-    x, dy, shape = problem(op)
-    if which == "x":
-        x = x.to("meta")
-    else:
-        dy = dy.to("meta")
-    raises(ValueError, op, x, dy, shape, names=either(op))
+def test_device_mismatch(op, which, device):
+    x, dy, shape = problem(op, device)
+    # The other tensor on meta, and on CUDA also on the CPU.
+    for other in [d for d in ("meta", "cpu") if d != device]:
+        if which == "x":
+            raises(ValueError, op, x.to(other), dy, shape, names=either(op))
+        else:
+            raises(ValueError, op, x, dy.to(other), shape, names=either(op))
 
 
 # ---------------------------------------------------------------------------
@@ -340,9 +342,9 @@ def test_device_mismatch(op, which):
 
 @pytest.mark.parametrize("op", ["filters", "weights"])
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
-def test_conv_spatial_mismatch(op, data_format):
+def test_conv_spatial_mismatch(op, data_format, device):
     # X=(8, 8), k=3, s=1, no pads -> Y must be (6, 6); give (6, 11)
-    x, dy, shape = problem(op, dy_sp=[6, 11], data_format=data_format)
+    x, dy, shape = problem(op, device, dy_sp=[6, 11], data_format=data_format)
     msg = raises(ValueError, op, x, dy, shape, names=NAMES[op]["dy"], values=["axis", 11],
                  data_format=data_format)
     assert "6" in msg
@@ -356,24 +358,24 @@ def test_conv_spatial_mismatch(op, data_format):
     (dict(auto_pad="same_upper", strides=3), [3, 2]),    # Y = (3, 3)
     (dict(auto_pad="valid", pads_begin=1, pads_end=1), [8, 8]),  # Y = (6, 6): pads ignored
 ], ids=str)
-def test_conv_spatial_mismatch_with_attrs(op, attrs, dy_sp):
-    x, dy, shape = problem(op, dy_sp=dy_sp)
+def test_conv_spatial_mismatch_with_attrs(op, attrs, dy_sp, device):
+    x, dy, shape = problem(op, device, dy_sp=dy_sp)
     raises(ValueError, op, x, dy, shape, names=NAMES[op]["dy"], values=["axis"], **attrs)
 
 
 @pytest.mark.parametrize("op", ["filters", "weights"])
-def test_conv_empty_output_rejected(op):
+def test_conv_empty_output_rejected(op, device):
     # X=(2, 8) with k=3 and no padding has no output position: Y would be <= 0
-    x, dy, shape = problem(op, x_sp=[2, 8], dy_sp=[1, 6])
+    x, dy, shape = problem(op, device, x_sp=[2, 8], dy_sp=[1, 6])
     raises(ValueError, op, x, dy, shape, values=["axis"], names=either(op))
-    x, dy, shape = problem(op, x_sp=[2, 8], dy_sp=[0, 6])
+    x, dy, shape = problem(op, device, x_sp=[2, 8], dy_sp=[0, 6])
     raises(ValueError, op, x, dy, shape, values=["axis"], names=either(op))
 
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
-def test_convT_spatial_mismatch(data_format):
+def test_convT_spatial_mismatch(data_format, device):
     # O=(8, 8), k=3, s=1, no pads -> I must be (6, 6); give (6, 11)
-    x, dy, shape = problem("transpose", x_sp=[6, 11], data_format=data_format)
+    x, dy, shape = problem("transpose", device, x_sp=[6, 11], data_format=data_format)
     msg = raises(ValueError, "transpose", x, dy, shape, names="input_forward",
                  values=["axis", 11], data_format=data_format)
     assert "6" in msg
@@ -384,8 +386,8 @@ def test_convT_spatial_mismatch(data_format):
     (dict(auto_pad="same_lower", strides=[2, 3]), [4, 2]),       # I = (4, 3): same on O
     (dict(pads_begin=[2, 0], pads_end=[0, 0]), [6, 6]),          # I = (8, 6)
 ], ids=str)
-def test_convT_spatial_mismatch_with_attrs(attrs, x_sp):
-    x, dy, shape = problem("transpose", x_sp=x_sp)
+def test_convT_spatial_mismatch_with_attrs(attrs, x_sp, device):
+    x, dy, shape = problem("transpose", device, x_sp=x_sp)
     raises(ValueError, "transpose", x, dy, shape, names="input_forward", values=["axis"],
            **attrs)
 
@@ -394,41 +396,41 @@ def test_convT_spatial_mismatch_with_attrs(attrs, x_sp):
 # output_padding
 # ---------------------------------------------------------------------------
 
-def _convT_strided():
+def _convT_strided(device):
     # O=(8, 8), k=3, s=2, no pads -> I = floor(5/2)+1 = 3; consistent output_padding = 1
-    x, dy, shape = problem("transpose", x_sp=[3, 3])
+    x, dy, shape = problem("transpose", device, x_sp=[3, 3])
     assert list(call("transpose", x, dy, shape, strides=2, output_padding=1).shape) == shape
     return x, dy, shape
 
 
 @pytest.mark.parametrize("bad", [2, [1, 2], 5, [1, -1], -1], ids=str)
-def test_output_padding_out_of_range(bad):
+def test_output_padding_out_of_range(bad, device):
     # s=2, d=1: 0 <= output_padding < max(s, d) = 2
-    x, dy, shape = _convT_strided()
+    x, dy, shape = _convT_strided(device)
     value = bad if isinstance(bad, int) else [v for v in bad if v != 1][0]
     raises(ValueError, "transpose", x, dy, shape, names="output_padding", values=[value],
            strides=2, output_padding=bad)
 
 
-def test_output_padding_out_of_range_with_dilation():
+def test_output_padding_out_of_range_with_dilation(device):
     # s=1, d=2: output_padding must be < 2
-    x, dy, shape = problem("transpose", x_sp=[4, 4])  # O=8, eff_k=5 -> I=4
+    x, dy, shape = problem("transpose", device, x_sp=[4, 4])  # O=8, eff_k=5 -> I=4
     assert list(call("transpose", x, dy, shape, dilations=2, output_padding=0).shape) == shape
     raises(ValueError, "transpose", x, dy, shape, names="output_padding", values=[2],
            dilations=2, output_padding=2)
 
 
 @pytest.mark.parametrize("bad", [0, [1, 0], [0, 1]], ids=str)
-def test_output_padding_inconsistent(bad):
-    x, dy, shape = _convT_strided()
+def test_output_padding_inconsistent(bad, device):
+    x, dy, shape = _convT_strided(device)
     raises(ValueError, "transpose", x, dy, shape, names=["output_padding", "axis"],
            strides=2, output_padding=bad)
 
 
-def test_output_padding_in_range_but_inconsistent_with_dilation():
+def test_output_padding_in_range_but_inconsistent_with_dilation(device):
     # s=1, d=2 allows output_padding 1 by range, but O = s*(I-1) + eff_k - pb - pe + op
     # then needs O = 9, not 8
-    x, dy, shape = problem("transpose", x_sp=[4, 4])
+    x, dy, shape = problem("transpose", device, x_sp=[4, 4])
     raises(ValueError, "transpose", x, dy, shape, names=["output_padding", "axis"],
            dilations=2, output_padding=1)
 
@@ -437,31 +439,31 @@ def test_output_padding_in_range_but_inconsistent_with_dilation():
 # draft ConvolutionBackpropFilters-1
 # ---------------------------------------------------------------------------
 
-def _v1_data():
-    x = rand([N, C, 8, 8], seed=1)
-    dy = rand([N, O, 6, 6], seed=2)
+def _v1_data(device):
+    x = rand([N, C, 8, 8], seed=1, device=device)
+    dy = rand([N, O, 6, 6], seed=2, device=device)
     assert list(torch_convgrad.conv_backprop_filters_v1(x, [K, K], dy).shape) == [O, C, K, K]
     return x, dy
 
 
 @pytest.mark.parametrize("filters_shape", [[O, C, K, K], [K], [K, K, K],
                                            torch.tensor([O, C, K, K])], ids=str)
-def test_v1_filters_shape_wrong_length(filters_shape):
-    x, dy = _v1_data()
+def test_v1_filters_shape_wrong_length(filters_shape, device):
+    x, dy = _v1_data(device)
     with pytest.raises(ValueError) as info:
         torch_convgrad.conv_backprop_filters_v1(x, filters_shape, dy)
     assert "filters_shape" in str(info.value)
 
 
-def test_v1_filters_shape_non_positive():
-    x, dy = _v1_data()
+def test_v1_filters_shape_non_positive(device):
+    x, dy = _v1_data(device)
     with pytest.raises(ValueError) as info:
         torch_convgrad.conv_backprop_filters_v1(x, [K, -2], dy)
     assert "filters_shape" in str(info.value) and "-2" in str(info.value)
 
 
-def test_v1_other_checks():
-    x, dy = _v1_data()
+def test_v1_other_checks(device):
+    x, dy = _v1_data(device)
     with pytest.raises(ValueError, match="strides"):
         torch_convgrad.conv_backprop_filters_v1(x, [K, K], dy, strides=[1, 1, 1])
     with pytest.raises(ValueError, match="groups"):
@@ -475,8 +477,8 @@ def test_v1_other_checks():
 
 
 
-def test_v1_data_errors_name_input_not_input_forward():
-    x, dy = _v1_data()
+def test_v1_data_errors_name_input_not_input_forward(device):
+    x, dy = _v1_data(device)
     with pytest.raises(TypeError) as info:
         torch_convgrad.conv_backprop_filters_v1(x.int(), [K, K], dy)
     assert str(info.value).startswith("input:") and "input_forward" not in str(info.value)
@@ -485,8 +487,8 @@ def test_v1_data_errors_name_input_not_input_forward():
     assert str(info.value).startswith("input:")
 
 
-def test_v1_rank_mismatch_is_reported_as_such():
-    x, dy = _v1_data()
+def test_v1_rank_mismatch_is_reported_as_such(device):
+    x, dy = _v1_data(device)
     with pytest.raises(ValueError) as info:
         torch_convgrad.conv_backprop_filters_v1(x[..., 0], [K, K], dy)
     assert "output_delta" in str(info.value) and "-D" in str(info.value)
@@ -510,8 +512,8 @@ def _op_raises(exc, op, *args, names, values=(), **kw):
 
 
 @pytest.mark.parametrize("op", OPS)
-def test_op_level_checks(op):
-    x, dy, shape = problem(op)
+def test_op_level_checks(op, device):
+    x, dy, shape = problem(op, device)
     fmt_name = "weights_format" if op == "weights" else "filter_format"
     shape_name = NAMES[op]["shape"]
     assert list(_op(op)(x, dy, shape, [1, 1], [0, 0], [0, 0], [1, 1]).shape) == shape
@@ -537,15 +539,15 @@ def test_op_level_checks(op):
     _op_raises(TypeError, op, x.int(), dy.int(), shape, names=either(op))
     _op_raises(ValueError, op, x, dy[:1], shape, names=either(op))
     _op_raises(ValueError, op, x, dy.to("meta"), shape, names=either(op))
-    bad_x, bad_dy, _ = problem(op, x_sp=[6, 11] if op == "transpose" else None,
+    bad_x, bad_dy, _ = problem(op, device, x_sp=[6, 11] if op == "transpose" else None,
                                dy_sp=None if op == "transpose" else [6, 11])
     _op_raises(ValueError, op, bad_x, bad_dy, shape, names=NAMES[op]["x" if op == "transpose"
                                                                      else "dy"],
                values=["axis", 11])
 
 
-def test_op_level_output_padding():
-    x, dy, shape = _convT_strided()
+def test_op_level_output_padding(device):
+    x, dy, shape = _convT_strided(device)
     f = torch.ops.torch_convgrad.conv_transpose_backprop_filters
     assert list(f(x, dy, shape, [2, 2], output_padding=[1, 1]).shape) == shape
     _op_raises(ValueError, "transpose", x, dy, shape, [2, 2], output_padding=[1],
