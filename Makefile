@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: deps build run test test-torch-2.14 fuzz bench
+.PHONY: deps build run test test-torch-2.14 fuzz sanitize bench
 
 deps:
 	PYTHON=$(PYTHON) bash scripts/install_deps.sh
@@ -23,6 +23,10 @@ fuzz: build
 # in its own venv under build/ and its own copy of the tree.
 test-torch-2.14:
 	PYTHON=$(PYTHON) bash scripts/test_other_torch.sh 2.14.1
+
+# The error, edge-case and sweep tests on an ASan+UBSan build (its own tree under build/).
+sanitize: deps
+	PYTHON=$(PYTHON) bash scripts/sanitize.sh
 
 bench: build
 	PYTHONPATH=. $(PYTHON) benchmarks/bench_weight_gradient.py

@@ -2,6 +2,7 @@
 
 CUDA kernels are built when torch has CUDA and nvcc is found; set
 TORCH_CONVGRAD_CUDA=1 to force them or TORCH_CONVGRAD_CUDA=0 to skip them.
+TORCH_CONVGRAD_SANITIZE=1 builds the C++ with ASan and UBSan (scripts/sanitize.sh).
 """
 import glob
 import os
@@ -42,6 +43,11 @@ def extension():
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/*/*.cpp"))
     cxx_flags = ["-O3", "-fdiagnostics-color=always"]
     link_flags = []
+    if os.environ.get("TORCH_CONVGRAD_SANITIZE") == "1":
+        # vptr checks need RTTI of torch's (uninstrumented) classes: false reports.
+        sanitizers = ["-fsanitize=address,undefined", "-fno-sanitize=vptr", "-fno-sanitize-recover=undefined"]
+        cxx_flags = ["-O1", "-g", "-fno-omit-frame-pointer", *sanitizers, "-fdiagnostics-color=always"]
+        link_flags = list(sanitizers)
     # at::parallel_for is header code: without OpenMP it runs on one thread.
     # torch's own libgomp then serves both.
     if torch.backends.openmp.is_available():

@@ -16,9 +16,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$PYTHON" -m venv "$venv"
 fi
 "$venv/bin/python" -m pip install --quiet "torch==$version" ninja "setuptools>=64" wheel -r "$root/requirements-test.txt"
-rm -rf "$tree/torch_convgrad" "$tree/tests" "$tree/csrc"
-mkdir -p "$tree"
-(cd "$root" && git ls-files -z | xargs -0 tar cf -) | (cd "$tree" && tar xf -)
+bash "$root/scripts/copy_tree.sh" "$tree"
 cd "$tree"
 # With no GPU to ask, nvcc needs a target: the H100s this project runs on.
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
