@@ -59,6 +59,15 @@ def test_every_placement_matches_one_process(world_size):
     assert output.count("collectives forward 0, backward 0") >= 20, output
 
 
+def test_without_argument_adjusters_channel_shards_are_redistributed():
+    """Where DTensor has no per-op argument adjusters (torch before 2.13), the strategies offer
+    no channel-sharded placement and DTensor redistributes: the values stay right."""
+    output = run_ranks(2, [str(ROOT / "tests" / "distributed_worker.py"), "--without-argument-adjusters"])
+    assert "all cases passed" in output
+    assert "output_delta channels: result [Replicate()]" in output or \
+        "output_delta channels: result [Partial(sum)]" in output, output
+
+
 def test_ddp_example_matches_plain_autograd():
     output = run_ranks(2, [str(ROOT / "examples" / "ddp_weight_gradient.py")])
     assert "matches plain autograd on every rank" in output, output
