@@ -31,20 +31,37 @@ def _unfold_from_channels(folded, batch, channels_last):
     return folded.unflatten(1, (batch, -1)).movedim(1, 0)
 
 
-def _make_vmap_rule(op_name):
-    op = getattr(_ops, op_name).default
+def _binder(op):
+    """The op's argument names, and a function giving every argument by name from a call's
+    (args, kwargs): the dispatcher drops trailing arguments equal to their defaults."""
     names = [argument.name for argument in op._schema.arguments]
     defaults = [argument.default_value for argument in op._schema.arguments]
+
+    def bind(args, kwargs):
+        arguments = dict(zip(names, defaults))
+        arguments.update(zip(names, args), **kwargs)
+        return arguments
+
+    return names, bind
+
+
+def _batched_call(op_name, format_name, info, in_dims, args, arguments, tensors):
+    """The first ``tensors`` arguments with the batch first, the filter axis that spans all
+    groups (None for an unknown format) and the upper-cased data format."""
+    samples = [_batch_first(args[index], in_dims[index], info.batch_size) for index in range(tensors)]
+    axis = group_spanning_axis(op_name, str(arguments[format_name]).upper())
+    return samples, axis, str(arguments["data_format"]).upper()
+
+
+def _make_vmap_rule(op_name):
+    op = getattr(_ops, op_name).default
+    names, bind = _binder(op)
     shape_name, format_name = names[2], names[-1]
 
     def rule(info, in_dims, *args, **kwargs):
-        # The dispatcher drops trailing arguments equal to their defaults.
-        arguments = dict(zip(names, defaults))
-        arguments.update(zip(names, args), **kwargs)
+        arguments = bind(args, kwargs)
         batch = info.batch_size
-        samples = [_batch_first(args[index], in_dims[index], batch) for index in range(2)]
-        axis = group_spanning_axis(op_name, str(arguments[format_name]).upper())
-        data_format = str(arguments["data_format"]).upper()
+        samples, axis, data_format = _batched_call(op_name, format_name, info, in_dims, args, arguments, 2)
 
         def run_first_sample():
             return op(**dict(arguments, **dict(zip(names[:2], (samples[0][0], samples[1][0])))))
@@ -80,17 +97,13 @@ def _make_backward_vmap_rule(backward_name, op_name):
     """The same fold for a ``*_backward`` op: the filter-shaped ``grad`` folds the batch into
     its group-spanning axis, and the two results unfold from the channels."""
     op = getattr(_ops, backward_name).default
-    names = [argument.name for argument in op._schema.arguments]
-    defaults = [argument.default_value for argument in op._schema.arguments]
+    names, bind = _binder(op)
     shape_name, format_name = names[3], names[-2]
 
     def rule(info, in_dims, *args, **kwargs):
-        arguments = dict(zip(names, defaults))
-        arguments.update(zip(names, args), **kwargs)
+        arguments = bind(args, kwargs)
         batch = info.batch_size
-        samples = [_batch_first(args[index], in_dims[index], batch) for index in range(3)]
-        axis = group_spanning_axis(op_name, str(arguments[format_name]).upper())
-        data_format = str(arguments["data_format"]).upper()
+        samples, axis, data_format = _batched_call(op_name, format_name, info, in_dims, args, arguments, 3)
         mask = arguments["output_mask"]
         if batch == 0:
             return tuple(sample.new_empty(sample.shape) if needed else None
