@@ -128,7 +128,9 @@ def _placements(call: _Call, mesh) -> list:
             backward_rows.append([Replicate(), Replicate(), grad, x, dy])
         else:
             # Channel shards: a gradient keeps its tensor's shard, or sums over the other's.
-            backward_rows.append([x if isinstance(x, Shard) else Partial(), dy if isinstance(dy, Shard) else Partial(), grad, x, dy])
+            grad_x = x if isinstance(x, Shard) else Partial()
+            grad_dy = dy if isinstance(dy, Shard) else Partial()
+            backward_rows.append([grad_x, grad_dy, grad, x, dy])
     # An output that is not computed (output_mask) has no placement.
     mask = call.values["output_mask"]
     return [[p if mask[i] else None for i, p in enumerate(row[:2])] + row[2:] for row in backward_rows]

@@ -189,7 +189,8 @@ void record_and_run(const char* node_name, const WeightGradientOps& graph_ops, c
   if (std::apply([](const auto&... t) { return torch::autograd::compute_requires_grad(t...); }, inputs)) {
     node = make_node<NodeType>(node_name, graph_ops);
     auto& typed = static_cast<NodeType&>(*node);
-    node->set_next_edges(std::apply([](const auto&... t) { return torch::autograd::collect_next_edges(t...); }, inputs));
+    node->set_next_edges(
+        std::apply([](const auto&... t) { return torch::autograd::collect_next_edges(t...); }, inputs));
     typed.save(inputs);
     typed.attributes_.assign(first + tensors_with_grad, stack->end() - (has_output_mask ? 1 : 0));
   }
