@@ -68,6 +68,12 @@ def test_without_argument_adjusters_channel_shards_are_redistributed():
         "output_delta channels: result [Partial(sum)]" in output, output
 
 
+def test_compiled_on_dtensors_matches_eager():
+    """torch.compile(fullgraph=True) over the op on DTensors (batch and channel shards)."""
+    output = run_ranks(2, [str(ROOT / "tests" / "distributed_worker.py"), "--compile"])
+    assert "all cases passed" in output and output.count("ok compiled") == 3, output
+
+
 def test_ddp_example_matches_plain_autograd():
     output = run_ranks(2, [str(ROOT / "examples" / "ddp_weight_gradient.py")])
     assert "matches plain autograd on every rank" in output, output

@@ -41,6 +41,8 @@ unchanged are offered, and channel shards are redistributed.
 """
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor._op_schema import OpSchema, RuntimeSchemaInfo
@@ -62,6 +64,7 @@ _OPS = {
 
 _propagator = DTensor._op_dispatcher.sharding_propagator
 _adjusts_arguments = hasattr(_propagator, "op_to_scalar_shape_adjuster")
+_COMPUTES_OFFSET_OPTIONALLY = "skip_offset" in inspect.signature(compute_local_shape_and_global_offset).parameters
 
 
 class _Call:
@@ -147,6 +150,17 @@ def _make_strategy(op_name: str):
     return strategy
 
 
+def _sharded_on(spec, dim: int) -> bool:
+    return any(isinstance(placement, Shard) and placement.dim == dim for placement in spec.placements)
+
+
+def _local_size(spec, dim: int) -> int:
+    """This rank's size of ``dim``; the offset (data-dependent under torch.compile) is skipped."""
+    if _COMPUTES_OFFSET_OPTIONALLY:
+        return compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements, skip_offset=True)[0][dim]
+    return compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)[0][dim]
+
+
 def _make_local_arguments(op_name: str):
     """Rewrites the global filter shape and groups into this rank's shard's."""
 
@@ -154,12 +168,11 @@ def _make_local_arguments(op_name: str):
         call = _Call(op_name, op_schema)
         if call.channel_axis is None or call.filter_axes is None:
             return op_schema  # the op rejects these formats itself
-        data_specs = input_specs[-2:]
-        local_channels = [
-            compute_local_shape_and_global_offset(spec.shape, spec.mesh, spec.placements)[0][call.channel_axis]
-            for spec in data_specs
-        ]
         global_channels = call.channels()
+        local_channels = [
+            _local_size(spec, call.channel_axis) if _sharded_on(spec, call.channel_axis) else whole
+            for spec, whole in zip(input_specs[-2:], global_channels)
+        ]
         groups = call.values["groups"]
         sharded = [local != whole for local, whole in zip(local_channels, global_channels)]
         if all(sharded):  # the groups-aligned placement: each shard holds whole groups
