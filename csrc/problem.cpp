@@ -77,12 +77,10 @@ struct FormatChoice {
 std::vector<int64_t> parse_filter_format(std::string_view text, int64_t rank, const char* arg_name,
                                          c10::ArrayRef<FormatChoice> choices) {
   const std::string value = lowercase(text);
-  std::string expected;
-  for (const auto& choice : choices) {
+  for (const auto& choice : choices)
     if (value == lowercase(choice.name)) return permutation_for(choice.word, rank);
-    expected += expected.empty() ? "" : " or ";
-    expected += std::string("'") + choice.name + "'";
-  }
+  std::string expected;
+  for (const auto& choice : choices) expected += (expected.empty() ? "'" : " or '") + std::string(choice.name) + "'";
   TORCH_CHECK_VALUE(false, arg_name, ": expected ", expected, ", got '", text, "'");
 }
 
@@ -170,9 +168,16 @@ void check_spatial(const Problem& problem, c10::SymIntArrayRef in, c10::SymIntAr
 }
 
 // Reads kernel sizes from the shape argument and checks its channel entries.
-// `channels` are the expected canonical entries (A, B); `labels` name them.
+// `channels` are the expected canonical entries (A, B); `labels` name them
+// (label, tensor and suffix, joined only for a message).
+struct ChannelLabel {
+  const char* entry;
+  const char* tensor;
+  const char* suffix;
+};
+
 void read_shape(Problem& problem, c10::SymIntArrayRef shape, int64_t rank, const char* shape_name,
-                std::string_view format, const c10::SymInt (&channels)[2], const std::string (&labels)[2]) {
+                std::string_view format, const c10::SymInt (&channels)[2], const ChannelLabel (&labels)[2]) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(shape.size()) == rank + 2, shape_name, ": expected ", rank + 2,
                     " values (2 channel entries and ", rank, " kernel sizes), got ", shape.size(), ": ", shape);
   for (const auto& entry : shape)
@@ -184,8 +189,8 @@ void read_shape(Problem& problem, c10::SymIntArrayRef shape, int64_t rank, const
         std::find(problem.canonical_to_result.begin(), problem.canonical_to_result.end(), axis) -
         problem.canonical_to_result.begin();
     CHECK_SIZES(canonical[axis].sym_eq(channels[axis]), shape_name, ": expected entry ", position, " (",
-                labels[axis], " in format '", format, "') to be ", channels[axis], ", got ", canonical[axis],
-                " in ", shape);
+                labels[axis].entry, ", the channels of ", labels[axis].tensor, labels[axis].suffix, " in format '",
+                format, "') to be ", channels[axis], ", got ", canonical[axis], " in ", shape);
   }
   problem.kernel_size.assign(canonical.begin() + 2, canonical.end());
   for (const auto& size : problem.kernel_size)
@@ -232,8 +237,7 @@ Problem resolve(const at::Tensor& input_forward, const at::Tensor& output_delta,
   // A counts the channels of the tensor playing grad_output, B those of the one playing input.
   const char* a_tensor = kind.roles_swapped ? names.input : names.output_delta;
   const char* b_tensor = kind.roles_swapped ? names.output_delta : names.input;
-  const std::string labels[2] = {std::string(kind.channel_names[0]) + ", the channels of " + a_tensor,
-                                 std::string(kind.channel_names[1]) + ", the channels of " + b_tensor + " / groups"};
+  const ChannelLabel labels[2] = {{kind.channel_names[0], a_tensor, ""}, {kind.channel_names[1], b_tensor, " / groups"}};
   read_shape(problem, attrs.shape, rank, names.shape, attrs.format,
              {problem.grad_output.sym_size(1), problem.input.sym_size(1) / attrs.groups}, labels);
 
