@@ -176,6 +176,13 @@ bool not_yet_channels_last(const Problem& problem) {
 // much faster on channels-last data (issue 7's H100 figures: NCX against
 // NHWC, f32 1x1 2.0x, f32 depthwise 4.4x, bf16 3x3 2.3x, bf16 1x1 4.6x, bf16
 // depthwise 6.1x).
+//
+// 1x1 on NXC data slows down with many channel pairs: 25-46 GMAC/s from 256 x
+// 1024 pairs per group up (ResNet-50's 14x14 and 7x7 bottlenecks, 2 threads),
+// where the gemm algorithm runs at 42-72; at 512 x 128 and below both run at
+// 35-56 (measured 2026-11-23, same machine).
+constexpr int64_t kManyPairs = 256 * 1024;
+
 double estimated_seconds(const Problem& problem, bool channels_last) {
   const Geometry g = geometry_of(problem);
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
@@ -200,7 +207,10 @@ double estimated_seconds(const Problem& problem, bool channels_last) {
     const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
     double macs_per_second = nxc ? 25e9 : 40e9;
     if (pointwise)
-      macs_per_second = strided ? 25e9 : (nxc ? 60e9 : 34e9);
+      macs_per_second = strided ? 25e9 : (nxc ? (g.in_channels * g.out_channels / (g.groups * g.groups) >= kManyPairs
+                                                    ? 40e9
+                                                    : 60e9)
+                                              : 34e9);
     else if (std::max(g.in_channels, g.out_channels) / g.groups >= 256)
       macs_per_second *= 1.5;
     if (problem.spatial_rank() == 3) macs_per_second *= reduced && !nxc ? 0.5 : 0.85;
