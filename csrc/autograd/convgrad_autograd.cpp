@@ -46,61 +46,17 @@ struct WeightGradientOps {
   c10::OperatorHandle backward;         // B
 };
 
-// The gradient of W's result with respect to (input_forward, output_delta).
-struct WeightGradientBackward : public Node {
-  WeightGradientBackward(const char* name, const WeightGradientOps& ops) : name_(name), ops_(ops) {}
+// A node that saves `kSaved` tensors and W's attributes (the op's arguments
+// after its tensors, without output_mask), and calls W and B with them.
+template <size_t kSaved>
+struct WeightGradientNode : public Node {
+  WeightGradientNode(const char* name, const WeightGradientOps& ops) : name_(name), ops_(ops) {}
 
-  variable_list apply(variable_list&& grads) override {
-    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
-    torch::jit::Stack stack{grads[0], input_forward_.unpack(), output_delta_.unpack()};
-    stack.insert(stack.end(), attributes_.begin(), attributes_.end());
-    stack.emplace_back(c10::List<bool>({should_compute_output(0), should_compute_output(1)}));
-    call(ops_.backward, stack);
-    return {stack[0].toTensor(), stack[1].toTensor()};
+  void save(const std::array<at::Tensor, kSaved>& inputs) {
+    for (size_t i = 0; i < kSaved; ++i) saved_[i] = torch::autograd::SavedVariable(inputs[i], /*is_output=*/false);
   }
 
-  void save(const std::array<at::Tensor, 2>& inputs) {
-    input_forward_ = torch::autograd::SavedVariable(inputs[0], /*is_output=*/false);
-    output_delta_ = torch::autograd::SavedVariable(inputs[1], /*is_output=*/false);
-  }
-
-  std::string name() const override { return name_; }
-
-  void release_variables() override {
-    input_forward_.reset_data();
-    output_delta_.reset_data();
-  }
-
-  const char* name_;
-  WeightGradientOps ops_;
-  torch::autograd::SavedVariable input_forward_, output_delta_;
-  std::vector<c10::IValue> attributes_;  // W's arguments after the two tensors
-};
-
-// The gradient of B's results (gx, gdy) with respect to (grad, input_forward,
-// output_delta), from the identities above, in W and B again:
-//   d grad = W(ggx, dy) + W(x, ggdy),  d x = B_x(grad, ggdy),  d dy = B_dy(grad, ggx).
-// So every order of differentiation runs these two ops, and DTensor shards
-// every order with their strategies.
-struct WeightGradientDoubleBackward : public Node {
-  WeightGradientDoubleBackward(const char* name, const WeightGradientOps& ops) : name_(name), ops_(ops) {}
-
-  variable_list apply(variable_list&& grads) override {
-    const at::Tensor& ggx = grads[0];
-    const at::Tensor& ggdy = grads[1];
-    const at::Tensor grad = grad_.unpack(), x = input_forward_.unpack(), dy = output_delta_.unpack();
-    at::Tensor d_grad, d_x, d_dy;
-    if (should_compute_output(0)) {
-      if (ggx.defined()) d_grad = weight_gradient(ggx, dy);
-      if (ggdy.defined()) {
-        const at::Tensor term = weight_gradient(x, ggdy);
-        d_grad = d_grad.defined() ? d_grad.add(term) : term;
-      }
-    }
-    if (should_compute_output(1) && ggdy.defined()) d_x = backward(grad, x, ggdy, {true, false})[0].toTensor();
-    if (should_compute_output(2) && ggx.defined()) d_dy = backward(grad, ggx, dy, {false, true})[1].toTensor();
-    return {d_grad, d_x, d_dy};
-  }
+  at::Tensor saved(size_t index) const { return saved_[index].unpack(); }
 
   at::Tensor weight_gradient(const at::Tensor& x, const at::Tensor& dy) const {
     torch::jit::Stack stack{x, dy};
@@ -109,33 +65,65 @@ struct WeightGradientDoubleBackward : public Node {
     return stack[0].toTensor();
   }
 
-  torch::jit::Stack backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& dy,
-                             std::array<bool, 2> mask) const {
+  // B's two results; those `mask` leaves out are undefined.
+  std::array<at::Tensor, 2> backward(const at::Tensor& grad, const at::Tensor& x, const at::Tensor& dy,
+                                     std::array<bool, 2> mask) const {
     torch::jit::Stack stack{grad, x, dy};
     stack.insert(stack.end(), attributes_.begin(), attributes_.end());
     stack.emplace_back(c10::List<bool>({mask[0], mask[1]}));
     call(ops_.backward, stack);
-    return stack;
-  }
-
-  void save(const std::array<at::Tensor, 3>& inputs) {
-    grad_ = torch::autograd::SavedVariable(inputs[0], /*is_output=*/false);
-    input_forward_ = torch::autograd::SavedVariable(inputs[1], /*is_output=*/false);
-    output_delta_ = torch::autograd::SavedVariable(inputs[2], /*is_output=*/false);
+    return {stack[0].toTensor(), stack[1].toTensor()};
   }
 
   std::string name() const override { return name_; }
 
   void release_variables() override {
-    grad_.reset_data();
-    input_forward_.reset_data();
-    output_delta_.reset_data();
+    for (auto& variable : saved_) variable.reset_data();
   }
 
   const char* name_;
   WeightGradientOps ops_;
-  torch::autograd::SavedVariable grad_, input_forward_, output_delta_;
-  std::vector<c10::IValue> attributes_;  // W's arguments after the two tensors (B's without output_mask)
+  std::array<torch::autograd::SavedVariable, kSaved> saved_;
+  std::vector<c10::IValue> attributes_;
+};
+
+// The gradient of W's result with respect to (input_forward, output_delta):
+// saves (input_forward, output_delta).
+struct WeightGradientBackward : public WeightGradientNode<2> {
+  using WeightGradientNode::WeightGradientNode;
+
+  variable_list apply(variable_list&& grads) override {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor()};
+    const auto [d_x, d_dy] =
+        backward(grads[0], saved(0), saved(1), {should_compute_output(0), should_compute_output(1)});
+    return {d_x, d_dy};
+  }
+};
+
+// The gradient of B's results (gx, gdy) with respect to (grad, input_forward,
+// output_delta), which it saves, from the identities above, in W and B again:
+//   d grad = W(ggx, dy) + W(x, ggdy),  d x = B_x(grad, ggdy),  d dy = B_dy(grad, ggx).
+// So every order of differentiation runs these two ops, and DTensor shards
+// every order with their strategies.
+struct WeightGradientDoubleBackward : public WeightGradientNode<3> {
+  using WeightGradientNode::WeightGradientNode;
+
+  variable_list apply(variable_list&& grads) override {
+    const at::Tensor& ggx = grads[0];
+    const at::Tensor& ggdy = grads[1];
+    const at::Tensor grad = saved(0), x = saved(1), dy = saved(2);
+    at::Tensor d_grad, d_x, d_dy;
+    if (should_compute_output(0)) {
+      if (ggx.defined()) d_grad = weight_gradient(ggx, dy);
+      if (ggdy.defined()) {
+        const at::Tensor term = weight_gradient(x, ggdy);
+        d_grad = d_grad.defined() ? d_grad.add(term) : term;
+      }
+    }
+    if (should_compute_output(1) && ggdy.defined()) d_x = backward(grad, x, ggdy, {true, false})[0];
+    if (should_compute_output(2) && ggx.defined()) d_dy = backward(grad, ggx, dy, {false, true})[1];
+    return {d_grad, d_x, d_dy};
+  }
 };
 
 // Graph nodes are shared_ptr up to torch 2.12 and intrusive_ptr from 2.13.
