@@ -49,18 +49,12 @@ from torch.distributed.tensor._op_schema import OpSchema, RuntimeSchemaInfo
 from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from ._filter_axes import CHANNEL_AXES, GROUP_SPANNING_TENSOR
+from ._filter_axes import BACKWARD_OPS, CHANNEL_AXES, GROUP_SPANNING_TENSOR
 
 _ops = torch.ops.torch_convgrad
 
 # Each registered op, and the op whose filter formats it takes.
-_OPS = {
-    "conv_backprop_filters": "conv_backprop_filters",
-    "conv_backprop_weights": "conv_backprop_weights",
-    "conv_transpose_backprop_filters": "conv_transpose_backprop_filters",
-    "conv_backprop_filters_backward": "conv_backprop_filters",
-    "conv_transpose_backprop_filters_backward": "conv_transpose_backprop_filters",
-}
+_OPS = {**{name: name for name in CHANNEL_AXES}, **BACKWARD_OPS}
 
 _propagator = DTensor._op_dispatcher.sharding_propagator
 _adjusts_arguments = hasattr(_propagator, "op_to_scalar_shape_adjuster")

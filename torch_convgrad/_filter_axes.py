@@ -15,6 +15,12 @@ CHANNEL_AXES = {
     "conv_transpose_backprop_filters": {"XIO": (-2, -1), "OIX": (1, 0), "IOX": (0, 1), "XOI": (-1, -2)},
 }
 
+# The backward ops, each with the op whose filter formats it takes.
+BACKWARD_OPS = {
+    "conv_backprop_filters_backward": "conv_backprop_filters",
+    "conv_transpose_backprop_filters_backward": "conv_transpose_backprop_filters",
+}
+
 # Which data tensor's channels the filter spans whole, across all groups
 # (0: input_forward, 1: output_delta): convolution filters hold all O output
 # channels, ConvTranspose filters all IC input channels.

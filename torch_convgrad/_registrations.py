@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ._filter_axes import CHANNEL_AXES, group_spanning_axis
+from ._filter_axes import BACKWARD_OPS, CHANNEL_AXES, group_spanning_axis
 
 _ops = torch.ops.torch_convgrad
 
@@ -105,14 +105,15 @@ def _make_backward_vmap_rule(backward_name, op_name):
         batch = info.batch_size
         samples, axis, data_format = _batched_call(op_name, format_name, info, in_dims, args, arguments, 3)
         mask = arguments["output_mask"]
+        out_dims = tuple(0 if needed else None for needed in mask)  # a result not asked for is None
         if batch == 0:
             return tuple(sample.new_empty(sample.shape) if needed else None
-                         for sample, needed in zip(samples[1:], mask)), tuple(0 if m else None for m in mask)
+                         for sample, needed in zip(samples[1:], mask)), out_dims
         if axis is None or data_format not in ("NXC", "NCX"):
             # An argument the op rejects: a call per sample raises its usual error.
             per_sample = [op(**dict(arguments, **dict(zip(names[:3], sample)))) for sample in zip(*samples)]
             return tuple(torch.stack(results) if needed else None
-                         for results, needed in zip(zip(*per_sample), mask)), tuple(0 if m else None for m in mask)
+                         for results, needed in zip(zip(*per_sample), mask)), out_dims
         channels_last = data_format == "NXC"
         folded_arguments = dict(arguments, groups=arguments["groups"] * batch)
         for name, sample in zip(names[1:3], samples[1:]):
@@ -127,13 +128,12 @@ def _make_backward_vmap_rule(backward_name, op_name):
             None if result is None else _unfold_from_channels(result, batch, channels_last).contiguous()
             for result in results
         )
-        return unfolded, tuple(None if result is None else 0 for result in unfolded)
+        return unfolded, out_dims
 
     return rule
 
 
 for _name in CHANNEL_AXES:
     torch.library.register_vmap(f"torch_convgrad::{_name}", _make_vmap_rule(_name))
-for _backward, _name in (("conv_backprop_filters_backward", "conv_backprop_filters"),
-                         ("conv_transpose_backprop_filters_backward", "conv_transpose_backprop_filters")):
+for _backward, _name in BACKWARD_OPS.items():
     torch.library.register_vmap(f"torch_convgrad::{_backward}", _make_backward_vmap_rule(_backward, _name))
