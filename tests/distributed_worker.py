@@ -25,11 +25,14 @@ OPS = {
         torch_convgrad.conv_transpose_backprop_filters, "filter_format", ("XIO", "OIX", "IOX", "XOI")),
 }
 
+# Each op's cases are 2-D, 1-D or 3-D.
+SPATIAL_RANK = {"conv_backprop_filters": 2, "conv_backprop_weights": 1, "conv_transpose_backprop_filters": 3}
+
 
 def problem(op_name, data_format, filter_format, groups):
     """Global float64 tensors, the filter shape and the attributes; 1-D, 2-D or 3-D by op."""
     n, c, o, k, s = 4, 8, 8, 3, 2
-    r = {"conv_backprop_filters": 2, "conv_backprop_weights": 1, "conv_transpose_backprop_filters": 3}[op_name]
+    r = SPATIAL_RANK[op_name]
     # Convolution: input 7 -> output 4 with k 3, s 2, pads (1, 1). ConvTranspose: the reverse.
     big, small = [7, 6, 5][:r], [4, 3, 3][:r]
     pads_end = [1, 0, 1][:r]
@@ -105,7 +108,7 @@ def check(got, want, tag, what):
 def one_dimensional_cases(world):
     """(op, data_format, filter_format, groups, placements, expected result placements or None)."""
     for op_name, (_, _, formats) in OPS.items():
-        ndim = {"conv_backprop_filters": 4, "conv_backprop_weights": 3}.get(op_name, 5)
+        ndim = SPATIAL_RANK[op_name] + 2
         for data_format in ("NXC", "NCX"):
             channel = Shard(1 if data_format == "NCX" else ndim - 1)
             # Four ranks take one filter format per op, to bound the time.
