@@ -348,7 +348,7 @@ def benchmark_problem(problem: Problem, roofline: Roofline, repeats: int, block_
     times = time_interleaved({"glue": problem.glue, "ours": problem.ours}, repeats, block_seconds, device)
     glue, ours = median_and_spread(times["glue"]), median_and_spread(times["ours"])
     # The ours block ran last, so this names the algorithm of the timed calls.
-    algorithm = torch_convgrad.last_algorithm() if hasattr(torch_convgrad, "last_algorithm") else None
+    algorithm = torch_convgrad.last_algorithm()
     flops = 2 * problem.case.macs
     roofline_seconds = roofline.seconds(flops, problem.traffic_bytes, problem.dtype)
     return Row(problem.case.name, problem.op, problem.layout, _dtype_name(problem.dtype), glue, ours,
