@@ -25,17 +25,11 @@ namespace kernel = depthwise_kernel;
 constexpr double kBytesPerSecond = 9e9;
 constexpr double kOverheadSeconds = 15e-6;
 
-bool concrete(const at::Tensor& tensor) { return !tensor.unsafeGetTensorImpl()->has_symbolic_sizes_strides(); }
-
-bool concrete(const std::vector<c10::SymInt>& values) {
-  return std::none_of(values.begin(), values.end(), [](const c10::SymInt& value) { return value.is_symbolic(); });
-}
-
 bool supports(const Problem& problem) {
   const at::Tensor& input = problem.input;
-  if (!input.device().is_cpu() || input.layout() != at::kStrided || !concrete(input) ||
-      !concrete(problem.grad_output) || !concrete(problem.kernel_size) || !concrete(problem.pad_begin))
-    return false;
+  // Only real CPU tensors reach here: their sizes are concrete (the selector
+  // has already read them as integers).
+  if (!input.device().is_cpu() || input.layout() != at::kStrided) return false;
   const auto dtype = input.scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16) return false;
   return problem.spatial_rank() >= 1 && problem.spatial_rank() <= 3 && problem.groups == input.size(1) &&
