@@ -50,6 +50,25 @@ def test_forcing_runs_the_algorithm_where_it_applies(algorithm):
     assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), torch.float32)
 
 
+# The fused kernel copies tiles of 6 (tap, channel) rows of A, as one block
+# where the 6 are adjacent in memory. With 512 channels (float32, copied
+# because of the cache-aliasing stride) a tile that spans two taps is; with 2
+# channels a group on stride-2 phase planes (f16/bf16, always copied) the
+# tile's last element lies 5 past its first but the middle ones elsewhere.
+@pytest.mark.parametrize("dtype,channels,groups,stride", [
+    (torch.float32, 512, 1, 1), (torch.bfloat16, 4, 2, 2), (torch.float16, 4, 2, 2)])
+def test_gemm_tiles_that_span_taps(dtype, channels, groups, stride):
+    size = (4, 5)
+    out = [(s + 1 - 3) // stride + 1 for s in size]
+    x = rand(data_shape(2, channels, size, "NXC"), dtype, seed=5)
+    dy = rand(data_shape(2, 4, out, "NXC"), dtype, seed=6)
+    problem = (x, dy, [4, channels // groups, 3, 3],
+               dict(strides=stride, pads_begin=1, pads_end=0, groups=groups, data_format="NXC", filter_format="OIX"))
+    out, ran = run("gemm", *problem)
+    assert ran == "gemm"
+    assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
+
+
 def test_an_algorithm_that_does_not_apply_leaves_the_problem_to_the_selector():
     # depthwise needs groups == channels; channels-last data needs no channels-last copy.
     assert run("depthwise", *dense_problem())[1] != "depthwise"

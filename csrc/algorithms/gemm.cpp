@@ -11,10 +11,11 @@
 // over the flat (spatial) rows of every sample, on strided views read
 // directly: by a fused kernel that computes every tap at once (tap_gemm.h)
 // where the CPU has one, by BLAS otherwise. The input is packed into
-// zero-padded channels-last phase planes only where padding, stride or dtype
-// need it (one copy, converting
-// f16/bf16 to float32 on the way, so they accumulate in float32); a 1x1
-// stride-1 weight gradient on either layout needs no copy at all. Rows of the
+// zero-padded channels-last phase planes only where padding or stride need
+// it; a 1x1 stride-1 weight gradient on either layout needs no copy at all.
+// Both accumulate in float32: the fused kernel reads f16/bf16 as they are and
+// converts them in its panels, and for BLAS they are converted in one copy
+// (the packing one where there is one). Rows of the
 // pitch-padded output gradient are zero, so they add nothing; where they meet
 // an infinite input value the product is NaN, as in any BLAS-based
 // convolution.
@@ -76,6 +77,24 @@ AxisPlan plan_axis(int64_t in, int64_t out, int64_t kernel, int64_t stride, int6
   return plan;
 }
 
+struct Layout {
+  AxisPlan plans[3];
+  bool direct;   // the input serves as its own phase plane
+  bool pitched;  // the output gradient needs the planes' (longer) row pitch
+};
+
+Layout plan(const Geometry& g) {
+  Layout layout;
+  layout.direct = true;
+  for (int64_t axis = 0; axis < 3; ++axis) {
+    layout.plans[axis] =
+        plan_axis(g.in[axis], g.out[axis], g.kernel[axis], g.stride[axis], g.dilation[axis], g.pad_begin[axis]);
+    layout.direct &= layout.plans[axis].direct;
+  }
+  layout.pitched = layout.plans[1].length != g.out[1] || layout.plans[2].length != g.out[2];
+  return layout;
+}
+
 // NCX data lifted to three spatial axes: (N, C, S0, S1, S2).
 at::Tensor lift(const at::Tensor& ncx) {
   at::Tensor lifted = ncx;
@@ -130,32 +149,28 @@ at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::Scal
 }
 
 // The output gradient with row pitch (L1, L2): (N, rows, O).
-at::Tensor pack_grad_output(const at::Tensor& dy5, const AxisPlan (&plans)[3], at::ScalarType dtype,
-                            const Geometry& g) {
-  if (plans[1].length == g.out[1] && plans[2].length == g.out[2]) return as_rows(dy5, dtype);
+at::Tensor pack_grad_output(const at::Tensor& dy5, const Layout& layout, at::ScalarType dtype, const Geometry& g) {
+  const auto& plans = layout.plans;
+  if (!layout.pitched) return as_rows(dy5, dtype);
   const at::Tensor packed =
       at::zeros({g.batch, g.out[0], plans[1].length, plans[2].length, g.out_channels}, dy5.options().dtype(dtype));
   packed.narrow(2, 0, g.out[1]).narrow(3, 0, g.out[2]).copy_(dy5.permute({0, 2, 3, 4, 1}));
   return packed.flatten(1, 3);
 }
 
-struct Layout {
-  AxisPlan plans[3];
-  bool direct;
-};
+at::ScalarType compute_dtype(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
 
-Layout plan(const Geometry& g) {
-  Layout layout;
-  layout.direct = true;
-  for (int64_t axis = 0; axis < 3; ++axis) {
-    layout.plans[axis] =
-        plan_axis(g.in[axis], g.out[axis], g.kernel[axis], g.stride[axis], g.dilation[axis], g.pad_begin[axis]);
-    layout.direct &= layout.plans[axis].direct;
-  }
-  return layout;
+TapElement tap_element(at::ScalarType dtype) {
+  return dtype == at::kHalf ? TapElement::Half : dtype == at::kBFloat16 ? TapElement::BFloat16 : TapElement::Float;
 }
 
-at::ScalarType compute_dtype(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
+// Whether run() can hand both operands to the fused kernel as channels-last
+// rows: packed ones always are, the caller's data where its channel stride
+// is 1; on a CPU that runs the kernel, in a dtype it reads (not float64).
+bool fused_kernel_reads_rows(const Problem& problem, const Layout& layout) {
+  return problem.input.is_cpu() && problem.input.scalar_type() != at::kDouble && cpu_runs_avx2_kernels() &&
+         (!layout.direct || problem.input.stride(1) == 1) && (layout.pitched || problem.grad_output.stride(1) == 1);
+}
 
 // Below this many rows per product, samples are multiplied together where
 // their rows are contiguous (BLAS runs best at a few thousand rows).
@@ -167,9 +182,20 @@ at::Tensor run(const Problem& problem) {
   const auto& plans = layout.plans;
   const at::ScalarType dtype = compute_dtype(problem.input.scalar_type());
   const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
+  // The fused kernel reads f16/bf16 as they are; for BLAS they are converted.
+  const bool fused_rows = fused_kernel_reads_rows(problem, layout);
+  const at::ScalarType storage = fused_rows ? problem.input.scalar_type() : dtype;
   // (planes, N, rows, C) and (N, rows, O)
-  const at::Tensor planes = layout.direct ? as_rows(x5, dtype).unsqueeze(0) : pack_input(x5, plans, dtype, g);
-  const at::Tensor grad_output = pack_grad_output(dy5, plans, dtype, g);
+  at::Tensor planes = layout.direct ? as_rows(x5, storage).unsqueeze(0) : pack_input(x5, plans, storage, g);
+  at::Tensor grad_output = pack_grad_output(dy5, layout, storage, g);
+  // The fused kernel computes every tap at once from row-major operands; BLAS
+  // takes the rest (float64, channels-first operands, other devices).
+  const int64_t lda = planes.stride(2);
+  const bool fused = fused_rows && planes.stride(3) == 1 && grad_output.stride(2) == 1 && planes.stride(0) % lda == 0;
+  if (!fused && storage != dtype) {
+    planes = planes.to(dtype);
+    grad_output = grad_output.to(dtype);
+  }
 
   const int64_t pitch1 = plans[2].length, pitch0 = plans[1].length * pitch1;
   // The flat rows of one sample's output gradient that hold windows.
@@ -197,12 +223,7 @@ at::Tensor run(const Problem& problem) {
       }
 
   const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
-  const at::Tensor taps = at::empty({groups, g.taps(), in_per_group, out_per_group}, grad_output.options());
-  // The fused kernel computes every tap at once from row-major operands; BLAS
-  // takes the rest (float64, channels-first operands, other devices).
-  const int64_t lda = planes.stride(2);
-  const bool fused = planes.is_cpu() && dtype == at::kFloat && cpu_runs_avx2_kernels() && planes.stride(3) == 1 &&
-                     grad_output.stride(2) == 1 && planes.stride(0) % lda == 0;
+  const at::Tensor taps = at::empty({groups, g.taps(), in_per_group, out_per_group}, grad_output.options().dtype(dtype));
   std::vector<int64_t> fused_offsets;
   for (size_t tap = 0; tap < tap_offsets.size(); ++tap)
     fused_offsets.push_back(tap_planes[tap] * (planes.stride(0) / lda) + tap_offsets[tap]);
@@ -211,12 +232,13 @@ at::Tensor run(const Problem& problem) {
     const int64_t count = std::min(samples_per_product, g.batch - first);
     const int64_t product_rows = (count - 1) * plane_rows + rows;
     if (fused) {
-      const float* a = planes.const_data_ptr<float>() + first * planes.stride(1);
-      const float* b = grad_output.const_data_ptr<float>() + first * grad_output.stride(0);
+      const int64_t size = planes.element_size();
+      const auto* a = static_cast<const char*>(planes.const_data_ptr()) + first * planes.stride(1) * size;
+      const auto* b = static_cast<const char*>(grad_output.const_data_ptr()) + first * grad_output.stride(0) * size;
       for (int64_t group = 0; group < groups; ++group)
-        tap_products(a + group * in_per_group, lda, b + group * out_per_group, grad_output.stride(1), product_rows,
-                     fused_offsets.data(), g.taps(), in_per_group, out_per_group,
-                     taps[group].mutable_data_ptr<float>(), /*accumulate=*/first != 0);
+        tap_products(tap_element(storage), a + group * in_per_group * size, lda, b + group * out_per_group * size,
+                     grad_output.stride(1), product_rows, fused_offsets.data(), g.taps(), in_per_group,
+                     out_per_group, taps[group].mutable_data_ptr<float>(), /*accumulate=*/first != 0);
       continue;
     }
     // (count * plane_rows, channels) matrices starting at sample `first`.
@@ -261,12 +283,11 @@ double cost(const Problem& problem) {
   const double padded_rows = static_cast<double>(layout.plans[1].length) * layout.plans[2].length;
   const double rows = static_cast<double>(g.out[1]) * g.out[2];
   const at::ScalarType dtype = problem.input.scalar_type();
-  const bool converts = dtype != compute_dtype(dtype);
+  const bool fused = fused_kernel_reads_rows(problem, layout);
+  const bool converts = !fused && dtype != compute_dtype(dtype);
   const bool packs_input = !layout.direct || converts;
-  const bool packs_grad_output = padded_rows != rows || converts;
+  const bool packs_grad_output = layout.pitched || converts;
   const bool input_channels_last = problem.input.stride(1) == 1;
-  const bool fused = dtype != at::kDouble && cpu_runs_avx2_kernels() && (input_channels_last || packs_input) &&
-                     (problem.grad_output.stride(1) == 1 || packs_grad_output);
 
   const auto width = [fused](int64_t channels) {
     return fused ? std::min(1.0, (channels + 32) / 96.0) : std::min(1.0, (channels + 200) / 296.0);

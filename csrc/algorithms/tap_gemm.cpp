@@ -62,15 +62,16 @@ Split choose_split(int64_t tiles_m, int64_t tiles_o, int64_t threads) {
 
 }  // namespace
 
-void tap_products(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t rows, const int64_t* offsets,
-                  int64_t taps, int64_t channels_a, int64_t channels_b, float* out, bool accumulate) {
+void tap_products(TapElement element, const void* a, int64_t lda, const void* b, int64_t ldb, int64_t rows,
+                  const int64_t* offsets, int64_t taps, int64_t channels_a, int64_t channels_b, float* out,
+                  bool accumulate) {
   const int64_t m = taps * channels_a;
   if (m == 0 || channels_b == 0) return;
   if (rows == 0) {
     if (!accumulate) std::fill(out, out + m * channels_b, 0.0f);
     return;
   }
-  const kernel::Args args{a, lda, b, ldb, rows, offsets, taps, channels_a, channels_b, out, accumulate};
+  const kernel::Args args{element, a, lda, b, ldb, rows, offsets, taps, channels_a, channels_b, out, accumulate};
   const auto block = cpu_runs_avx2_kernels() ? kernel::AVX2::block : kernel::DEFAULT::block;
   const int64_t tiles_m = ceil_div(m, kernel::kTileM), tiles_o = ceil_div(channels_b, kernel::kTileO);
   const bool pack_a = lda % kAliasingLda == 0;

@@ -3,21 +3,26 @@
 //   out[t][c][o] (+)= sum_{r < rows} a[(offsets[t] + r) * lda + c] * b[r * ldb + o]
 //
 // Taps and channels of A flatten into one axis m = t * channels_a + c, so out
-// is one (m, o) matrix and every tap shares the loads of B. The first part of
-// this header is the plain interface that tap_gemm.cpp calls; the second,
-// compiled only by the per-capability translation units
-// (tap_gemm_kernel_avx2.cpp, tap_gemm_kernel_default.cpp, which define
-// CPU_CAPABILITY), is the kernel.
+// is one (m, o) matrix and every tap shares the loads of B. A and B hold
+// float32, float16 or bfloat16 (TapElement); the kernel converts them to
+// float32 as it copies them into its panels, so low precision costs no extra
+// pass and accumulates in float32. The first part of this header is the plain
+// interface that tap_gemm.cpp calls; the second, compiled only by the
+// per-capability translation units (tap_gemm_kernel_avx2.cpp,
+// tap_gemm_kernel_default.cpp, which define CPU_CAPABILITY), is the kernel.
 #pragma once
+
+#include "tap_gemm.h"
 
 #include <cstdint>
 
 namespace torch_convgrad::tap_gemm_kernel {
 
 struct Args {
-  const float* a;
+  TapElement element;
+  const void* a;
   int64_t lda;
-  const float* b;
+  const void* b;
   int64_t ldb;
   int64_t rows;
   const int64_t* offsets;
@@ -32,8 +37,9 @@ constexpr int64_t kTileO = 16;
 
 // Computes out[m][o] for m in [m_begin, m_end), o in [o_begin, o_end) (m_begin
 // and o_begin multiples of the tile) over all rows, `chunk_rows` at a time,
-// reading A through a copy with `pack_a`. Every element is summed over r in
-// increasing order, one fused multiply-add per row (AVX2), whatever the block.
+// reading A through a float32 copy with `pack_a` (always for f16/bf16). Every
+// element is summed over r in increasing order, one fused multiply-add per row
+// (AVX2), whatever the block.
 #define TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS                                                 \
   void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, \
              int64_t chunk_rows, bool pack_a);
@@ -50,7 +56,11 @@ TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
 
 #ifdef CPU_CAPABILITY
 
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #ifdef CPU_CAPABILITY_AVX2
@@ -147,16 +157,59 @@ inline TileFn pick_tile(int64_t height, int64_t) {
 
 #endif
 
+// One element as float32. F16C converts a half in one instruction where
+// c10::Half's portable conversion takes a dozen.
+template <typename T>
+inline float to_float(T value) {
+  if constexpr (std::is_same_v<T, float>) {
+    return value;
+  } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    return c10::detail::f32_from_bits(value.x);
+  } else {
+#ifdef CPU_CAPABILITY_AVX2
+    return _cvtsh_ss(value.x);
+#else
+    return static_cast<float>(value);
+#endif
+  }
+}
+
+// row[j] = source[j] as float32 for j < width, 0 for width <= j < kTileO.
+template <typename T>
+inline void convert_slab_row(const T* source, int64_t width, float* row) {
+#ifdef CPU_CAPABILITY_AVX2
+  if (width == kTileO) {
+    for (int64_t half = 0; half < kTileO; half += 8) {
+      __m256 lanes;
+      if constexpr (std::is_same_v<T, float>) {
+        lanes = _mm256_loadu_ps(source + half);
+      } else {
+        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + half));
+        if constexpr (std::is_same_v<T, c10::BFloat16>)
+          lanes = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+        else
+          lanes = _mm256_cvtph_ps(raw);
+      }
+      _mm256_storeu_ps(row + half, lanes);
+    }
+    return;
+  }
+#endif
+  // Plain loops: std::copy becomes a memmove call per row.
+  for (int64_t j = 0; j < kTileO; ++j) row[j] = j < width ? to_float(source[j]) : 0.0f;
+}
+
 // Prefetches part `part` of `parts` of rows [first, first + count) of a
 // matrix, columns [begin, end). Inline asm: GCC 12 deletes loops of
 // __builtin_prefetch here as side-effect free. (DEFAULT builds skip it.)
-inline void prefetch_rows(const float* data, int64_t ld, int64_t first, int64_t count, int64_t begin, int64_t end,
+template <typename T>
+inline void prefetch_rows(const T* data, int64_t ld, int64_t first, int64_t count, int64_t begin, int64_t end,
                           int64_t part, int64_t parts) {
 #ifdef CPU_CAPABILITY_AVX2
-  constexpr int64_t kLineFloats = 16;
+  constexpr int64_t kLineElements = 64 / sizeof(T);
   // Every line of [begin, end), whatever its alignment: the last step lands on end - 1.
   for (int64_t r = first + count * part / parts; r < first + count * (part + 1) / parts; ++r)
-    for (int64_t c = begin; c < end + kLineFloats - 1; c += kLineFloats)
+    for (int64_t c = begin; c < end + kLineElements - 1; c += kLineElements)
       asm volatile("prefetcht0 %0" : : "m"(data[r * ld + std::min(c, end - 1)]));
 #endif
 }
@@ -168,13 +221,17 @@ inline void prefetch_rows(const float* data, int64_t ld, int64_t first, int64_t 
 // largest offset (the rows no earlier chunk has read), are prefetched a few
 // lines per tile: long-K operands stream from memory, and the copies would
 // stall on it.
-inline void block_impl(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end,
-                       int64_t chunk_rows, bool pack_a) {
+template <typename T>
+void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows,
+              bool pack_a) {
+  const T* const a_data = static_cast<const T*>(args.a);
+  const T* const b_data = static_cast<const T*>(args.b);
   const int64_t slabs = (o_end - o_begin + kTileO - 1) / kTileO;
   const int64_t tiles = (m_end - m_begin + kTileM - 1) / kTileM;
   std::vector<float> packed_b(slabs * chunk_rows * kTileO);
   std::vector<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
-  std::vector<const float*> a(tiles * kTileM);
+  std::vector<const T*> a(tiles * kTileM);        // this chunk's first row of each m in A
+  std::vector<const float*> a_tiles(tiles * kTileM);  // the same rows as the tiles read them
   const int64_t first_tap = m_begin / args.channels_a, last_tap = (m_end - 1) / args.channels_a;
   const int64_t channel_begin = first_tap == last_tap ? m_begin % args.channels_a : 0;
   const int64_t channel_end = first_tap == last_tap ? (m_end - 1) % args.channels_a + 1 : args.channels_a;
@@ -183,51 +240,61 @@ inline void block_impl(const Args& args, int64_t m_begin, int64_t m_end, int64_t
     const int64_t rows = std::min(chunk_rows, args.rows - r0);
     const bool zero = r0 == 0 && !args.accumulate;
     for (int64_t r = 0; r < rows; ++r) {
-      const float* source = args.b + (r0 + r) * args.ldb;
+      const T* source = b_data + (r0 + r) * args.ldb;
       for (int64_t slab = 0; slab < slabs; ++slab) {
-        const int64_t o0 = o_begin + slab * kTileO, width = std::min(kTileO, o_end - o0);
-        float* row = packed_b.data() + (slab * rows + r) * kTileO;
-        // Plain loops: std::copy becomes a memmove call per row.
-        if (width == kTileO)
-          for (int64_t j = 0; j < kTileO; ++j) row[j] = source[o0 + j];
-        else
-          for (int64_t j = 0; j < kTileO; ++j) row[j] = j < width ? source[o0 + j] : 0.0f;
+        const int64_t o0 = o_begin + slab * kTileO;
+        convert_slab_row(source + o0, std::min(kTileO, o_end - o0), packed_b.data() + (slab * rows + r) * kTileO);
       }
     }
     for (int64_t m = m_begin; m < m_end; ++m) {
       const int64_t tap = m / args.channels_a, channel = m % args.channels_a;
-      a[m - m_begin] = args.a + (args.offsets[tap] + r0) * args.lda + channel;
+      a[m - m_begin] = a_data + (args.offsets[tap] + r0) * args.lda + channel;
     }
     int64_t lda = args.lda;
     if (pack_a) {
       for (int64_t tile = 0; tile < tiles; ++tile) {
-        const float* const* source = a.data() + tile * kTileM;
+        const T* const* source = a.data() + tile * kTileM;
         const int64_t height = std::min(kTileM, m_end - m_begin - tile * kTileM);
         float* target = packed_a.data() + tile * chunk_rows * kTileM;
-        // Consecutive channels of one tap: one block copy a row.
-        const bool contiguous = height == kTileM && source[kTileM - 1] == source[0] + kTileM - 1;
+        // Consecutive elements (channels of one tap): one block copy a row.
+        bool contiguous = height == kTileM;
+        for (int64_t i = 1; i < height; ++i) contiguous &= source[i] == source[0] + i;
         for (int64_t r = 0; r < rows; ++r, target += kTileM) {
           if (contiguous)
-            for (int64_t i = 0; i < kTileM; ++i) target[i] = source[0][r * args.lda + i];
+            for (int64_t i = 0; i < kTileM; ++i) target[i] = to_float(source[0][r * args.lda + i]);
           else
-            for (int64_t i = 0; i < height; ++i) target[i] = source[i][r * args.lda];
+            for (int64_t i = 0; i < height; ++i) target[i] = to_float(source[i][r * args.lda]);
         }
-        for (int64_t i = 0; i < height; ++i) a[tile * kTileM + i] = packed_a.data() + tile * chunk_rows * kTileM + i;
+        for (int64_t i = 0; i < height; ++i)
+          a_tiles[tile * kTileM + i] = packed_a.data() + tile * chunk_rows * kTileM + i;
       }
       lda = kTileM;
+    } else if constexpr (std::is_same_v<T, float>) {
+      std::copy(a.begin(), a.end(), a_tiles.begin());
     }
     const int64_t next_rows = std::min(chunk_rows, std::max<int64_t>(0, args.rows - r0 - chunk_rows));
     for (int64_t slab = 0; slab < slabs; ++slab) {
       const int64_t o0 = o_begin + slab * kTileO, width = std::min(kTileO, o_end - o0);
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t part = slab * tiles + tile;
-        prefetch_rows(args.b, args.ldb, r0 + rows, next_rows, o_begin, o_end, part, slabs * tiles);
-        prefetch_rows(args.a, args.lda, ahead + r0 + rows, next_rows, channel_begin, channel_end, part, slabs * tiles);
+        prefetch_rows(b_data, args.ldb, r0 + rows, next_rows, o_begin, o_end, part, slabs * tiles);
+        prefetch_rows(a_data, args.lda, ahead + r0 + rows, next_rows, channel_begin, channel_end, part,
+                      slabs * tiles);
         const int64_t m0 = m_begin + tile * kTileM, height = std::min(kTileM, m_end - m0);
-        pick_tile(height, width)(a.data() + tile * kTileM, lda, packed_b.data() + slab * rows * kTileO, rows,
+        pick_tile(height, width)(a_tiles.data() + tile * kTileM, lda, packed_b.data() + slab * rows * kTileO, rows,
                                  args.out + m0 * args.channels_b + o0, args.channels_b, width, zero);
       }
     }
+  }
+}
+
+inline void block_impl(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end,
+                       int64_t chunk_rows, bool pack_a) {
+  switch (args.element) {
+    case TapElement::Float: return block_of<float>(args, m_begin, m_end, o_begin, o_end, chunk_rows, pack_a);
+    case TapElement::Half: return block_of<c10::Half>(args, m_begin, m_end, o_begin, o_end, chunk_rows, true);
+    case TapElement::BFloat16:
+      return block_of<c10::BFloat16>(args, m_begin, m_end, o_begin, o_end, chunk_rows, true);
   }
 }
 
