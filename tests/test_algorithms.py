@@ -69,6 +69,20 @@ def test_gemm_tiles_that_span_taps(dtype, channels, groups, stride):
     assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_gemm_results_outlive_its_scratch_buffers(data_format):
+    # gemm packs its operands into per-thread buffers that the next call reuses.
+    first = dense_problem(data_format)
+    out, _ = run("gemm", *first)
+    kept = out.clone()
+    second = dense_problem(data_format)
+    second[0].mul_(-3.0)
+    second[1].add_(1.0)
+    run("gemm", *second)
+    assert torch.equal(out, kept)
+    assert_matches_ref(out, REF.conv_backprop_filters(*first[:3], **first[3]), torch.float32)
+
+
 def test_an_algorithm_that_does_not_apply_leaves_the_problem_to_the_selector():
     # depthwise needs groups == channels; channels-last data needs no channels-last copy.
     assert run("depthwise", *dense_problem())[1] != "depthwise"

@@ -20,12 +20,12 @@
 // an infinite input value the product is NaN, as in any BLAS-based
 // convolution.
 #include "algorithm.h"
+#include "scratch.h"
 #include "tap_gemm.h"
 
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <cmath>
@@ -112,9 +112,10 @@ at::Tensor as_rows(const at::Tensor& ncx5, at::ScalarType dtype) {
 at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::ScalarType dtype, const Geometry& g) {
   const int64_t counts[3] = {static_cast<int64_t>(plans[0].phase.size()), static_cast<int64_t>(plans[1].phase.size()),
                              static_cast<int64_t>(plans[2].phase.size())};
-  const at::Tensor packed = at::empty({counts[0] * counts[1] * counts[2], g.batch, plans[0].length, plans[1].length,
-                                       plans[2].length, g.in_channels},
-                                      x5.options().dtype(dtype));
+  const at::Tensor packed = scratch_tensor(ScratchSlot::PackedInput,
+                                          {counts[0] * counts[1] * counts[2], g.batch, plans[0].length,
+                                           plans[1].length, plans[2].length, g.in_channels},
+                                          x5.options().dtype(dtype));
   const at::Tensor x_nxc = x5.permute({0, 2, 3, 4, 1});
   for (int64_t p0 = 0; p0 < counts[0]; ++p0)
     for (int64_t p1 = 0; p1 < counts[1]; ++p1)
@@ -152,8 +153,12 @@ at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::Scal
 at::Tensor pack_grad_output(const at::Tensor& dy5, const Layout& layout, at::ScalarType dtype, const Geometry& g) {
   const auto& plans = layout.plans;
   if (!layout.pitched) return as_rows(dy5, dtype);
-  const at::Tensor packed =
-      at::zeros({g.batch, g.out[0], plans[1].length, plans[2].length, g.out_channels}, dy5.options().dtype(dtype));
+  const at::Tensor packed = scratch_tensor(ScratchSlot::PackedGradOutput,
+                                          {g.batch, g.out[0], plans[1].length, plans[2].length, g.out_channels},
+                                          dy5.options().dtype(dtype));
+  // Each element written once: the pitch's extra rows and columns are zero.
+  packed.narrow(2, g.out[1], plans[1].length - g.out[1]).zero_();
+  packed.narrow(2, 0, g.out[1]).narrow(3, g.out[2], plans[2].length - g.out[2]).zero_();
   packed.narrow(2, 0, g.out[1]).narrow(3, 0, g.out[2]).copy_(dy5.permute({0, 2, 3, 4, 1}));
   return packed.flatten(1, 3);
 }
