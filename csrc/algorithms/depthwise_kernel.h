@@ -162,15 +162,17 @@ inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_
 // ---------------------------------------------------------------------------
 
 // acc[b][lane] += sum_{j < windows} x[j*s + b*d][lane] * dy[j][lane] for the
-// taps b < kTaps; `x_step` and `tap_step` are s and d in elements.
+// taps b < kTaps; `x_step` and `tap_step` are s and d in elements, `dy_step`
+// is dy's pixel stride.
 template <int kTaps, typename A>
-void channels_last_tile(const A* x, int64_t x_step, int64_t tap_step, const A* dy, int64_t windows, A* acc) {
+void channels_last_tile(const A* x, int64_t x_step, int64_t tap_step, const A* dy, int64_t dy_step, int64_t windows,
+                        A* acc) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t kLanes = Vec::size();
   Vec sums[kTaps][2];
   for (int b = 0; b < kTaps; ++b)
     for (int v = 0; v < 2; ++v) sums[b][v] = Vec::loadu(acc + (2 * b + v) * kLanes);
-  for (int64_t j = 0; j < windows; ++j, x += x_step, dy += 2 * kLanes) {
+  for (int64_t j = 0; j < windows; ++j, x += x_step, dy += dy_step) {
     const Vec dy_lanes[2] = {Vec::loadu(dy), Vec::loadu(dy + kLanes)};
     for (int b = 0; b < kTaps; ++b)
       for (int v = 0; v < 2; ++v)
@@ -195,9 +197,109 @@ void stage_channels(const T* source, int64_t pixel_stride, int64_t channels, int
   }
 }
 
+// float32 with whole blocks of channels: no conversion to do, so the tiles
+// read the rows where they lie (a block's 16 channels of a pixel are one
+// cache line) instead of through a staged copy, which cost as much as the
+// arithmetic. A tile runs over the windows where all its taps fall inside
+// the row; each tap then adds the windows at the edges on its own.
+inline void channels_last_in_place(const Args& args, int64_t sample_begin, int64_t sample_end,
+                                   int64_t channel_begin, int64_t channel_end, float* result) {
+  constexpr int64_t kBlock = 2 * AccVec<float>::size();
+  const float* input = static_cast<const float*>(args.input) + channel_begin;
+  const float* grad_output = static_cast<const float*>(args.grad_output) + channel_begin;
+  const int64_t* x_strides = args.input_strides;
+  const int64_t* dy_strides = args.grad_output_strides;
+  const int64_t blocks = (channel_end - channel_begin) / kBlock;
+  const int64_t taps = args.kernel[0] * args.kernel[1] * args.kernel[2];
+  const int64_t windows = args.out[2], stride = args.stride[2], dilation = args.dilation[2], pad = args.pad_begin[2];
+  const int64_t x_pixel = x_strides[4], dy_pixel = dy_strides[4];
+  const std::vector<TapRange> tiles = tap_tiles(args.kernel[2]);
+  // Per tap along the row: the windows [first, end) that read inside it.
+  std::vector<int64_t> first(args.kernel[2]), end(args.kernel[2]);
+  for (int64_t kx = 0; kx < args.kernel[2]; ++kx) {
+    const int64_t shift = kx * dilation - pad;  // window j reads pixel j * stride + shift
+    const int64_t last_pixel = args.in[2] - 1 - shift;
+    first[kx] = std::min(windows, shift >= 0 ? 0 : (-shift + stride - 1) / stride);
+    end[kx] = std::clamp<int64_t>(last_pixel < 0 ? 0 : last_pixel / stride + 1, first[kx], windows);
+  }
+  // acc[block][tap][lane]
+  std::vector<float> acc(blocks * taps * kBlock, 0.0f);
+  std::vector<const float*> next_rows;
+  const int64_t row_bytes = ((std::max(args.in[2], windows) - 1) * std::max(x_pixel, dy_pixel) + blocks * kBlock) *
+                            static_cast<int64_t>(sizeof(float));
+  for (int64_t n = sample_begin; n < sample_end; ++n)
+    for (int64_t y0 = 0; y0 < args.out[0]; ++y0)
+      for (int64_t y1 = 0; y1 < args.out[1]; ++y1) {
+        const float* dy_row = grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3];
+        // The rows the next output row reads first: its grad_output row and
+        // the input rows past this one's, fetched a part per block.
+        next_rows.clear();
+        if (y1 + 1 < args.out[1]) {
+          next_rows.push_back(dy_row + dy_strides[3]);
+          const int64_t last_iy = y1 * args.stride[1] - args.pad_begin[1] + (args.kernel[1] - 1) * args.dilation[1];
+          for (int64_t kz = 0; kz < args.kernel[0]; ++kz) {
+            const int64_t iz = y0 * args.stride[0] - args.pad_begin[0] + kz * args.dilation[0];
+            if (iz < 0 || iz >= args.in[0]) continue;
+            for (int64_t iy = std::max<int64_t>(last_iy + 1, 0); iy < std::min(last_iy + 1 + args.stride[1], args.in[1]);
+                 ++iy)
+              next_rows.push_back(input + n * x_strides[0] + iz * x_strides[2] + iy * x_strides[3]);
+          }
+        }
+        bool first_row = true;
+        for (int64_t kz = 0; kz < args.kernel[0]; ++kz) {
+          const int64_t iz = y0 * args.stride[0] - args.pad_begin[0] + kz * args.dilation[0];
+          if (iz < 0 || iz >= args.in[0]) continue;
+          for (int64_t ky = 0; ky < args.kernel[1]; ++ky) {
+            const int64_t iy = y1 * args.stride[1] - args.pad_begin[1] + ky * args.dilation[1];
+            if (iy < 0 || iy >= args.in[1]) continue;
+            const float* x_row = input + n * x_strides[0] + iz * x_strides[2] + iy * x_strides[3];
+            const int64_t row_tap = (kz * args.kernel[1] + ky) * args.kernel[2];
+            for (int64_t block = 0; block < blocks; ++block) {
+              if (first_row)
+                for (const float* row : next_rows) prefetch_part(row, row_bytes, block, blocks);
+              const float* x_block = x_row + block * kBlock;
+              const float* dy_block = dy_row + block * kBlock;
+              float* block_acc = acc.data() + (block * taps + row_tap) * kBlock;
+              // Window j, tap kx reads pixel j * stride + kx * dilation - pad.
+              const auto tile_run = [&]<int kTaps>(int64_t tap, int64_t from, int64_t to) {
+                if (from >= to) return;
+                channels_last_tile<kTaps>(x_block + (from * stride + tap * dilation - pad) * x_pixel,
+                                          stride * x_pixel, dilation * x_pixel, dy_block + from * dy_pixel,
+                                          dy_pixel, to - from, block_acc + tap * kBlock);
+              };
+              for (const TapRange& tile : tiles) {
+                int64_t common_first = 0, common_end = windows;
+                for (int64_t kx = tile.first; kx < tile.first + tile.count; ++kx) {
+                  common_first = std::max(common_first, first[kx]);
+                  common_end = std::min(common_end, end[kx]);
+                }
+                common_end = std::max(common_end, common_first);
+                with_tap_count(tile.count, [&]<int kTaps>() {
+                  tile_run.template operator()<kTaps>(tile.first, common_first, common_end);
+                });
+                for (int64_t kx = tile.first; kx < tile.first + tile.count; ++kx) {
+                  tile_run.template operator()<1>(kx, first[kx], std::min(end[kx], common_first));
+                  tile_run.template operator()<1>(kx, std::max(first[kx], common_end), end[kx]);
+                }
+              }
+            }
+            first_row = false;
+          }
+        }
+      }
+  const int64_t channels = channel_end - channel_begin;
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t tap = 0; tap < taps; ++tap)
+      result[c * taps + tap] = acc[(c / kBlock * taps + tap) * kBlock + c % kBlock];
+}
+
 template <typename T>
 void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
                         int64_t channel_end, acc_type<T>* result) {
+  if constexpr (std::is_same_v<T, float>) {
+    if ((channel_end - channel_begin) % (2 * AccVec<T>::size()) == 0)
+      return channels_last_in_place(args, sample_begin, sample_end, channel_begin, channel_end, result);
+  }
   using A = acc_type<T>;
   constexpr int64_t kBlock = 2 * AccVec<T>::size();
   const T* input = static_cast<const T*>(args.input) + channel_begin;
@@ -279,7 +381,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
             for (const TapRange& tile : tiles) {
               with_tap_count(tile.count, [&]<int kTaps>() {
                 channels_last_tile<kTaps>(row.staged + block * input_block_pitch + tile.first * dilation * kBlock,
-                                          stride * kBlock, dilation * kBlock, dy, windows,
+                                          stride * kBlock, dilation * kBlock, dy, kBlock, windows,
                                           block_acc + (row.tap + tile.first) * kBlock);
               });
             }
