@@ -83,24 +83,26 @@ def test_gemm_results_outlive_its_scratch_buffers(data_format):
     assert_matches_ref(out, REF.conv_backprop_filters(*first[:3], **first[3]), torch.float32)
 
 
-# float32 channels-last depthwise with whole 16-channel blocks reads the rows
-# in place: each tap adds the windows at the row's edges on its own, which
-# stride, dilation and asymmetric pads move; 40 channels leave a tail block
-# for the staged path when the channels are split between threads.
+# Channels-last depthwise with whole blocks of channels (16 f32/f16/bf16
+# lanes, 8 f64) reads small problems' rows in place: each tap adds the
+# windows at the row's edges on its own, which stride, dilation and
+# asymmetric pads move; 40 channels leave a tail block for the staged path
+# when the channels are split between threads.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("channels", [32, 40])
 @pytest.mark.parametrize("kernel,stride,dilation,pads", [
     (3, 1, 1, (1, 1)), (3, 2, 1, (0, 1)), (5, 3, 1, (2, 0)), (7, 1, 2, (5, 3)), (4, 2, 3, (3, 2)), (9, 1, 1, (8, 0))])
-def test_depthwise_in_place_rows(channels, kernel, stride, dilation, pads):
+def test_depthwise_in_place_rows(channels, kernel, stride, dilation, pads, dtype):
     size = (5, 13)
     out = [(s + sum(pads) - dilation * (kernel - 1) - 1) // stride + 1 for s in size]
-    x = rand(data_shape(1, channels, size, "NXC"), torch.float32, seed=7)
-    dy = rand(data_shape(1, channels, out, "NXC"), torch.float32, seed=8)
+    x = rand(data_shape(1, channels, size, "NXC"), dtype, seed=7)
+    dy = rand(data_shape(1, channels, out, "NXC"), dtype, seed=8)
     problem = (x, dy, [channels, 1, kernel, kernel],
                dict(strides=stride, dilations=dilation, pads_begin=pads[0], pads_end=pads[1], groups=channels,
                     data_format="NXC", filter_format="OIX"))
     result, ran = run("depthwise", *problem)
     assert ran == "depthwise"
-    assert_matches_ref(result, REF.conv_backprop_filters(*problem[:3], **problem[3]), torch.float32)
+    assert_matches_ref(result, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
 def test_an_algorithm_that_does_not_apply_leaves_the_problem_to_the_selector():

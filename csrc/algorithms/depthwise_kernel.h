@@ -22,6 +22,9 @@ struct Args {
   int64_t input_strides[5];
   int64_t grad_output_strides[5];
   int64_t in[3], out[3], kernel[3], stride[3], dilation[3], pad_begin[3];
+  // channels_last: read whole blocks of channels where the rows lie rather
+  // than through staged copies (see channels_last_in_place).
+  bool rows_in_place;
 };
 
 // Both write the gradient of channels [channel_begin, channel_end) summed over
@@ -164,8 +167,8 @@ inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_
 // acc[b][lane] += sum_{j < windows} x[j*s + b*d][lane] * dy[j][lane] for the
 // taps b < kTaps; `x_step` and `tap_step` are s and d in elements, `dy_step`
 // is dy's pixel stride.
-template <int kTaps, typename A>
-void channels_last_tile(const A* x, int64_t x_step, int64_t tap_step, const A* dy, int64_t dy_step, int64_t windows,
+template <int kTaps, typename T, typename A = acc_type<T>>
+void channels_last_tile(const T* x, int64_t x_step, int64_t tap_step, const T* dy, int64_t dy_step, int64_t windows,
                         A* acc) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t kLanes = Vec::size();
@@ -173,10 +176,10 @@ void channels_last_tile(const A* x, int64_t x_step, int64_t tap_step, const A* d
   for (int b = 0; b < kTaps; ++b)
     for (int v = 0; v < 2; ++v) sums[b][v] = Vec::loadu(acc + (2 * b + v) * kLanes);
   for (int64_t j = 0; j < windows; ++j, x += x_step, dy += dy_step) {
-    const Vec dy_lanes[2] = {Vec::loadu(dy), Vec::loadu(dy + kLanes)};
+    const Vec dy_lanes[2] = {load_lanes(dy), load_lanes(dy + kLanes)};
     for (int b = 0; b < kTaps; ++b)
       for (int v = 0; v < 2; ++v)
-        sums[b][v] = at::vec::fmadd(Vec::loadu(x + b * tap_step + v * kLanes), dy_lanes[v], sums[b][v]);
+        sums[b][v] = at::vec::fmadd(load_lanes(x + b * tap_step + v * kLanes), dy_lanes[v], sums[b][v]);
   }
   for (int b = 0; b < kTaps; ++b)
     for (int v = 0; v < 2; ++v) sums[b][v].store(acc + (2 * b + v) * kLanes);
@@ -197,16 +200,20 @@ void stage_channels(const T* source, int64_t pixel_stride, int64_t channels, int
   }
 }
 
-// float32 with whole blocks of channels: no conversion to do, so the tiles
-// read the rows where they lie (a block's 16 channels of a pixel are one
-// cache line) instead of through a staged copy, which cost as much as the
-// arithmetic. A tile runs over the windows where all its taps fall inside
-// the row; each tap then adds the windows at the edges on its own.
-inline void channels_last_in_place(const Args& args, int64_t sample_begin, int64_t sample_end,
-                                   int64_t channel_begin, int64_t channel_end, float* result) {
-  constexpr int64_t kBlock = 2 * AccVec<float>::size();
-  const float* input = static_cast<const float*>(args.input) + channel_begin;
-  const float* grad_output = static_cast<const float*>(args.grad_output) + channel_begin;
+// Whole blocks of channels: the tiles read the rows where they lie (a
+// block's channels of a pixel are one or half a cache line), converting
+// f16/bf16 as they load, instead of through a staged copy. Where the data
+// comes from cache, the copy costs as much as the arithmetic; streamed from
+// memory, copying each input row once, in order, is the faster way to read
+// it (depthwise.cpp chooses). A tile runs over the windows where all its
+// taps fall inside the row; each tap then adds the windows at the edges on
+// its own.
+template <typename T, typename A = acc_type<T>>
+void channels_last_in_place(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
+                            int64_t channel_end, A* result) {
+  constexpr int64_t kBlock = 2 * AccVec<T>::size();
+  const T* input = static_cast<const T*>(args.input) + channel_begin;
+  const T* grad_output = static_cast<const T*>(args.grad_output) + channel_begin;
   const int64_t* x_strides = args.input_strides;
   const int64_t* dy_strides = args.grad_output_strides;
   const int64_t blocks = (channel_end - channel_begin) / kBlock;
@@ -223,14 +230,14 @@ inline void channels_last_in_place(const Args& args, int64_t sample_begin, int64
     end[kx] = std::clamp<int64_t>(last_pixel < 0 ? 0 : last_pixel / stride + 1, first[kx], windows);
   }
   // acc[block][tap][lane]
-  std::vector<float> acc(blocks * taps * kBlock, 0.0f);
-  std::vector<const float*> next_rows;
+  std::vector<A> acc(blocks * taps * kBlock, A(0));
+  std::vector<const T*> next_rows;
   const int64_t row_bytes = ((std::max(args.in[2], windows) - 1) * std::max(x_pixel, dy_pixel) + blocks * kBlock) *
-                            static_cast<int64_t>(sizeof(float));
+                            static_cast<int64_t>(sizeof(T));
   for (int64_t n = sample_begin; n < sample_end; ++n)
     for (int64_t y0 = 0; y0 < args.out[0]; ++y0)
       for (int64_t y1 = 0; y1 < args.out[1]; ++y1) {
-        const float* dy_row = grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3];
+        const T* dy_row = grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3];
         // The rows the next output row reads first: its grad_output row and
         // the input rows past this one's, fetched a part per block.
         next_rows.clear();
@@ -252,14 +259,14 @@ inline void channels_last_in_place(const Args& args, int64_t sample_begin, int64
           for (int64_t ky = 0; ky < args.kernel[1]; ++ky) {
             const int64_t iy = y1 * args.stride[1] - args.pad_begin[1] + ky * args.dilation[1];
             if (iy < 0 || iy >= args.in[1]) continue;
-            const float* x_row = input + n * x_strides[0] + iz * x_strides[2] + iy * x_strides[3];
+            const T* x_row = input + n * x_strides[0] + iz * x_strides[2] + iy * x_strides[3];
             const int64_t row_tap = (kz * args.kernel[1] + ky) * args.kernel[2];
             for (int64_t block = 0; block < blocks; ++block) {
               if (first_row)
-                for (const float* row : next_rows) prefetch_part(row, row_bytes, block, blocks);
-              const float* x_block = x_row + block * kBlock;
-              const float* dy_block = dy_row + block * kBlock;
-              float* block_acc = acc.data() + (block * taps + row_tap) * kBlock;
+                for (const T* row : next_rows) prefetch_part(row, row_bytes, block, blocks);
+              const T* x_block = x_row + block * kBlock;
+              const T* dy_block = dy_row + block * kBlock;
+              A* block_acc = acc.data() + (block * taps + row_tap) * kBlock;
               // Window j, tap kx reads pixel j * stride + kx * dilation - pad.
               const auto tile_run = [&]<int kTaps>(int64_t tap, int64_t from, int64_t to) {
                 if (from >= to) return;
@@ -296,10 +303,8 @@ inline void channels_last_in_place(const Args& args, int64_t sample_begin, int64
 template <typename T>
 void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
                         int64_t channel_end, acc_type<T>* result) {
-  if constexpr (std::is_same_v<T, float>) {
-    if ((channel_end - channel_begin) % (2 * AccVec<T>::size()) == 0)
-      return channels_last_in_place(args, sample_begin, sample_end, channel_begin, channel_end, result);
-  }
+  if (args.rows_in_place && (channel_end - channel_begin) % (2 * AccVec<T>::size()) == 0)
+    return channels_last_in_place<T>(args, sample_begin, sample_end, channel_begin, channel_end, result);
   using A = acc_type<T>;
   constexpr int64_t kBlock = 2 * AccVec<T>::size();
   const T* input = static_cast<const T*>(args.input) + channel_begin;
