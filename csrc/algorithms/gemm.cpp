@@ -23,6 +23,7 @@
 #include "scratch.h"
 #include "tap_gemm.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
@@ -108,6 +109,39 @@ at::Tensor as_rows(const at::Tensor& ncx5, at::ScalarType dtype) {
   return ncx5.to(dtype).flatten(2).transpose(1, 2);
 }
 
+// Copies `source` into `target`, both (N, A, B, W, C) with target's channels
+// contiguous. Channels-first sources (W unit-stride, C not) go through the
+// transposing kernel, one W x C matrix per (N, A, B) row, in parallel: ATen's
+// strided copy moves them at about a fifth of a plain copy's speed.
+void copy_as_rows(const at::Tensor& target, const at::Tensor& source) {
+  const int64_t element_size = target.element_size();
+  const bool transposes = target.is_cpu() && target.scalar_type() == source.scalar_type() &&
+                          (element_size == 4 || element_size == 2) && target.stride(4) == 1 &&
+                          (source.stride(3) == 1 || source.size(3) == 1) && source.stride(4) != 1;
+  if (!transposes) {
+    target.copy_(source);
+    return;
+  }
+  const int64_t sizes[3] = {target.size(0), target.size(1), target.size(2)};
+  const auto* source_data = static_cast<const char*>(source.const_data_ptr());
+  auto* target_data = static_cast<char*>(target.mutable_data_ptr());
+  const int64_t matrix = target.size(3) * target.size(4);
+  at::parallel_for(0, sizes[0] * sizes[1] * sizes[2], std::max<int64_t>(1, 16384 / std::max<int64_t>(matrix, 1)),
+                   [&](int64_t begin, int64_t end) {
+                     for (int64_t row = begin; row < end; ++row) {
+                       const int64_t index[3] = {row / (sizes[1] * sizes[2]), row / sizes[2] % sizes[1], row % sizes[2]};
+                       int64_t from = 0, to = 0;
+                       for (int64_t dim = 0; dim < 3; ++dim) {
+                         from += index[dim] * source.stride(dim);
+                         to += index[dim] * target.stride(dim);
+                       }
+                       transpose_to_rows(source_data + from * element_size, source.stride(4),
+                                         target_data + to * element_size, target.stride(3), target.size(4),
+                                         target.size(3), element_size);
+                     }
+                   });
+}
+
 // The input as phase planes: (planes, N, rows, C), channels-last, zero outside the input.
 at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::ScalarType dtype, const Geometry& g) {
   const int64_t counts[3] = {static_cast<int64_t>(plans[0].phase.size()), static_cast<int64_t>(plans[1].phase.size()),
@@ -144,7 +178,7 @@ at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::Scal
         if (empty)
           plane.zero_();
         else
-          interior.copy_(source);
+          copy_as_rows(interior, source);
       }
   return packed.flatten(2, 4);
 }
@@ -159,7 +193,7 @@ at::Tensor pack_grad_output(const at::Tensor& dy5, const Layout& layout, at::Sca
   // Each element written once: the pitch's extra rows and columns are zero.
   packed.narrow(2, g.out[1], plans[1].length - g.out[1]).zero_();
   packed.narrow(2, 0, g.out[1]).narrow(3, g.out[2], plans[2].length - g.out[2]).zero_();
-  packed.narrow(2, 0, g.out[1]).narrow(3, 0, g.out[2]).copy_(dy5.permute({0, 2, 3, 4, 1}));
+  copy_as_rows(packed.narrow(2, 0, g.out[1]).narrow(3, 0, g.out[2]), dy5.permute({0, 2, 3, 4, 1}));
   return packed.flatten(1, 3);
 }
 

@@ -1,6 +1,7 @@
 // Products of row-shifted views of one matrix with another, for every kernel
 // tap at once, computed directly on the strided operands (no BLAS packing of
-// the long row axis). The gemm algorithm's inner loop.
+// the long row axis), and the transposition that lays channels-first data out
+// as such rows. The gemm algorithm's inner loop and its copy.
 #pragma once
 
 #include <cstdint>
@@ -20,5 +21,11 @@ enum class TapElement { Float, Half, BFloat16 };
 void tap_products(TapElement element, const void* a, int64_t lda, const void* b, int64_t ldb, int64_t rows,
                   const int64_t* offsets, int64_t taps, int64_t channels_a, int64_t channels_b, float* out,
                   bool accumulate);
+
+// dst[r * dst_ld + c] = src[c * src_ld + r] for c < columns, r < rows:
+// channels-first data laid out as the rows tap_products reads. Elements of
+// `element_size` 2 or 4 bytes, copied as they are.
+void transpose_to_rows(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows,
+                       int64_t element_size);
 
 }  // namespace torch_convgrad

@@ -40,9 +40,15 @@ constexpr int64_t kTileO = 16;
 // reading A through a float32 copy with `pack_a` (always for f16/bf16). Every
 // element is summed over r in increasing order, one fused multiply-add per row
 // (AVX2), whatever the block.
-#define TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS                                                 \
-  void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, \
-             int64_t chunk_rows, bool pack_a);
+//
+// transpose lays channels-first data out as the kernel's rows:
+// dst[r * dst_ld + c] = src[c * src_ld + r] for c < columns, r < rows, for
+// elements of `element_size` 2 or 4 bytes (copied, not converted).
+#define TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS                                                     \
+  void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end,     \
+             int64_t chunk_rows, bool pack_a);                                                      \
+  void transpose(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows, \
+                 int64_t element_size);
 
 namespace AVX2 {
 TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
@@ -56,6 +62,7 @@ TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
 
 #ifdef CPU_CAPABILITY
 
+#include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -296,6 +303,31 @@ inline void block_impl(const Args& args, int64_t m_begin, int64_t m_end, int64_t
     case TapElement::BFloat16:
       return block_of<c10::BFloat16>(args, m_begin, m_end, o_begin, o_end, chunk_rows, true);
   }
+}
+
+// 8 x 8 blocks: at::vec's register transpose for float32 (AVX2), plain
+// loops otherwise and at the edges.
+template <typename T>
+void transpose_of(const T* src, int64_t src_ld, T* dst, int64_t dst_ld, int64_t columns, int64_t rows) {
+  constexpr int64_t kBlock = 8;
+  for (int64_t c0 = 0; c0 < columns; c0 += kBlock)
+    for (int64_t r0 = 0; r0 < rows; r0 += kBlock) {
+      const T* from = src + c0 * src_ld + r0;
+      T* to = dst + r0 * dst_ld + c0;
+      if (c0 + kBlock <= columns && r0 + kBlock <= rows)
+        at::vec::transpose_mxn<T, kBlock, kBlock>(from, src_ld, to, dst_ld);
+      else
+        at::vec::transpose_mxn<T>(from, src_ld, to, dst_ld, static_cast<int>(std::min(kBlock, columns - c0)),
+                                  static_cast<int>(std::min(kBlock, rows - r0)));
+    }
+}
+
+inline void transpose_impl(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows,
+                           int64_t element_size) {
+  if (element_size == 4)
+    transpose_of(static_cast<const float*>(src), src_ld, static_cast<float*>(dst), dst_ld, columns, rows);
+  else
+    transpose_of(static_cast<const uint16_t*>(src), src_ld, static_cast<uint16_t*>(dst), dst_ld, columns, rows);
 }
 
 }  // namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY
