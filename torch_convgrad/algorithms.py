@@ -7,7 +7,9 @@ algorithm that supports its problem by a cost model measured on each device:
 - ``"aten_channels_last"``: one copy to channels-last memory, then ATen;
 - ``"gemm"``: one matrix product per kernel tap over the (sample, spatial) rows,
   on the data as given or packed once into zero-padded channels-last planes;
-- ``"depthwise"``: a vectorised CPU kernel for ``groups == channels``.
+- ``"depthwise"``: a vectorised CPU kernel for ``groups == channels``;
+- ``"direct"``: plain CPU loops over the windows, for tiny problems, where a
+  call's time is its fixed cost.
 
 Every algorithm gives the same values to rounding, accumulates f16/bf16 in
 float32 and is deterministic. Forcing one (``use_algorithm`` or the environment

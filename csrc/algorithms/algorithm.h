@@ -28,6 +28,7 @@ extern const Algorithm kAtenAlgorithm;             // aten.cpp: ATen in the call
 extern const Algorithm kAtenChannelsLastAlgorithm; // aten.cpp: one copy to channels-last, then ATen
 extern const Algorithm kGemmAlgorithm;             // gemm.cpp: one GEMM per kernel tap
 extern const Algorithm kDepthwiseAlgorithm;        // depthwise.cpp: direct CPU kernel, groups == channels
+extern const Algorithm kDirectAlgorithm;           // direct.cpp: plain loops for tiny problems
 
 // Concrete (non-symbolic) sizes of a problem lifted to three spatial axes
 // (missing leading axes have size 1, kernel 1, stride 1, no padding), the
@@ -35,6 +36,9 @@ extern const Algorithm kDepthwiseAlgorithm;        // depthwise.cpp: direct CPU 
 struct Geometry {
   int64_t batch, in_channels, out_channels, groups;
   int64_t in[3], out[3], kernel[3], stride[3], dilation[3], pad_begin[3];
+  // Element strides of the data tensors as (N, C, X0, X1, X2); a lifted
+  // axis has size 1 and stride 0.
+  int64_t input_strides[5], grad_output_strides[5];
   int64_t taps() const { return kernel[0] * kernel[1] * kernel[2]; }
   // Multiply-adds of the weight gradient: N * Y * O * C/g * K.
   double macs() const;
@@ -42,6 +46,10 @@ struct Geometry {
   double data_bytes(int64_t element_size) const;
 };
 Geometry geometry_of(const Problem& problem);
+
+// Per-tap products (groups, K0 * K1 * K2, C/g, O/g), any dtype, as the
+// canonical (O, C/g, K...) weight gradient at the problem's rank.
+at::Tensor canonical_from_taps(const at::Tensor& taps, const Geometry& g, int64_t spatial_rank);
 
 // Whether this CPU runs the hand-written kernels' AVX2 builds (AVX-512 CPUs
 // included); at::get_cpu_capability() honours ATEN_CPU_CAPABILITY.

@@ -55,19 +55,14 @@ kernel::Dtype kernel_dtype(at::ScalarType dtype) {
   }
 }
 
-// The problem's tensors as (N, C, X0, X1, X2) raw strides; lifted leading
-// axes have size 1, so their stride is never used.
 kernel::Args kernel_args(const Problem& problem, const Geometry& geometry) {
   kernel::Args args{};
   args.dtype = kernel_dtype(problem.input.scalar_type());
   args.input = problem.input.const_data_ptr();
   args.grad_output = problem.grad_output.const_data_ptr();
-  const int64_t lead = 3 - problem.spatial_rank();
   for (int64_t dim = 0; dim < 5; ++dim) {
-    const int64_t source = dim < 2 ? dim : dim - lead;
-    const bool lifted = dim >= 2 && source < 2;
-    args.input_strides[dim] = lifted ? 0 : problem.input.stride(source);
-    args.grad_output_strides[dim] = lifted ? 0 : problem.grad_output.stride(source);
+    args.input_strides[dim] = geometry.input_strides[dim];
+    args.grad_output_strides[dim] = geometry.grad_output_strides[dim];
   }
   for (int64_t axis = 0; axis < 3; ++axis) {
     args.in[axis] = geometry.in[axis];

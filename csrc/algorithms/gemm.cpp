@@ -296,12 +296,7 @@ at::Tensor run(const Problem& problem) {
       }
     }
   }
-  // (g, K0, K1, K2, C/g, O/g) -> canonical (O, C/g, K...) at the problem's rank.
-  at::Tensor canonical = taps.view({groups, g.kernel[0], g.kernel[1], g.kernel[2], in_per_group, out_per_group})
-                             .permute({0, 5, 4, 1, 2, 3})
-                             .reshape({g.out_channels, in_per_group, g.kernel[0], g.kernel[1], g.kernel[2]});
-  for (int64_t lifted = 0; lifted < 3 - problem.spatial_rank(); ++lifted) canonical = canonical.squeeze(2);
-  return problem.finish(canonical);
+  return problem.finish(canonical_from_taps(taps, g, problem.spatial_rank()));
 }
 
 // Every device, dtype and attribute.

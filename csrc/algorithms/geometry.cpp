@@ -24,7 +24,22 @@ Geometry geometry_of(const Problem& problem) {
     g.dilation[axis] = lifted ? 1 : problem.dilation[source];
     g.pad_begin[axis] = lifted ? 0 : problem.pad_begin[source].expect_int();
   }
+  for (int64_t dim = 0; dim < 5; ++dim) {
+    const bool lifted = dim >= 2 && dim - 2 < lead;
+    const int64_t source = dim < 2 ? dim : dim - lead;
+    g.input_strides[dim] = lifted ? 0 : problem.input.stride(source);
+    g.grad_output_strides[dim] = lifted ? 0 : problem.grad_output.stride(source);
+  }
   return g;
+}
+
+at::Tensor canonical_from_taps(const at::Tensor& taps, const Geometry& g, int64_t spatial_rank) {
+  const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
+  at::Tensor canonical = taps.view({g.groups, g.kernel[0], g.kernel[1], g.kernel[2], in_per_group, out_per_group})
+                             .permute({0, 5, 4, 1, 2, 3})
+                             .reshape({g.out_channels, in_per_group, g.kernel[0], g.kernel[1], g.kernel[2]});
+  for (int64_t lifted = 0; lifted < 3 - spatial_rank; ++lifted) canonical = canonical.squeeze(2);
+  return canonical;
 }
 
 double Geometry::macs() const {

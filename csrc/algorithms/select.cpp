@@ -18,7 +18,7 @@ namespace {
 
 // In the order ties are broken.
 const Algorithm* const kAlgorithms[] = {&kAtenAlgorithm, &kGemmAlgorithm, &kDepthwiseAlgorithm,
-                                        &kAtenChannelsLastAlgorithm};
+                                        &kAtenChannelsLastAlgorithm, &kDirectAlgorithm};
 
 const Algorithm* find_algorithm(const char* name) {
   for (const Algorithm* algorithm : kAlgorithms)
@@ -54,11 +54,6 @@ const Algorithm& select_algorithm(const Problem& problem) {
   }
   const Algorithm* choice = forced.load();
   if (choice && choice->supports(problem)) return *choice;
-  // Below about 10 us of arithmetic every algorithm's time is its per-call
-  // overhead, where ATen's is the least (measured: a 1x8x8x8 3x3 problem), and
-  // estimating the others would cost more than it could save.
-  constexpr double kTinyMacs = 2e5;
-  if (geometry_of(problem).macs() < kTinyMacs) return kAtenAlgorithm;
   choice = nullptr;
   double best = 0;
   for (const Algorithm* algorithm : kAlgorithms) {
