@@ -183,10 +183,12 @@ at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::Scal
   return packed.flatten(2, 4);
 }
 
-// The output gradient with row pitch (L1, L2): (N, rows, O).
-at::Tensor pack_grad_output(const at::Tensor& dy5, const Layout& layout, at::ScalarType dtype, const Geometry& g) {
+// The output gradient as rows (N, rows, O): a view of the caller's data, or
+// with `pack` a channels-last copy with row pitch (L1, L2).
+at::Tensor grad_output_rows(const at::Tensor& dy5, const Layout& layout, at::ScalarType dtype, const Geometry& g,
+                            bool pack) {
   const auto& plans = layout.plans;
-  if (!layout.pitched) return as_rows(dy5, dtype);
+  if (!pack) return as_rows(dy5, dtype);
   const at::Tensor packed = scratch_tensor(ScratchSlot::PackedGradOutput,
                                           {g.batch, g.out[0], plans[1].length, plans[2].length, g.out_channels},
                                           dy5.options().dtype(dtype));
@@ -203,12 +205,20 @@ TapElement tap_element(at::ScalarType dtype) {
   return dtype == at::kHalf ? TapElement::Half : dtype == at::kBFloat16 ? TapElement::BFloat16 : TapElement::Float;
 }
 
-// Whether run() can hand both operands to the fused kernel as channels-last
-// rows: packed ones always are, the caller's data where its channel stride
-// is 1; on a CPU that runs the kernel, in a dtype it reads (not float64).
+// Whether run() hands both operands to the fused kernel as channels-last
+// rows: on a CPU that runs it, in a dtype it reads (not float64), unless the
+// input is read in place with channels first (a 1x1 on NCX data, which BLAS
+// multiplies with no copy at all). The output gradient is packed where it
+// is not already rows.
 bool fused_kernel_reads_rows(const Problem& problem, const Layout& layout) {
   return problem.input.is_cpu() && problem.input.scalar_type() != at::kDouble && cpu_runs_avx2_kernels() &&
-         (!layout.direct || problem.input.stride(1) == 1) && (layout.pitched || problem.grad_output.stride(1) == 1);
+         (!layout.direct || problem.input.stride(1) == 1);
+}
+
+// Whether run() copies the output gradient: for the planes' row pitch, or as
+// rows for the fused kernel.
+bool packs_grad_output(const Problem& problem, const Layout& layout, bool fused) {
+  return layout.pitched || (fused && problem.grad_output.stride(1) != 1);
 }
 
 // Below this many rows per product, samples are multiplied together where
@@ -226,7 +236,7 @@ at::Tensor run(const Problem& problem) {
   const at::ScalarType storage = fused_rows ? problem.input.scalar_type() : dtype;
   // (planes, N, rows, C) and (N, rows, O)
   at::Tensor planes = layout.direct ? as_rows(x5, storage).unsqueeze(0) : pack_input(x5, plans, storage, g);
-  at::Tensor grad_output = pack_grad_output(dy5, layout, storage, g);
+  at::Tensor grad_output = grad_output_rows(dy5, layout, storage, g, packs_grad_output(problem, layout, fused_rows));
   // The fused kernel computes every tap at once from row-major operands; BLAS
   // takes the rest (float64, channels-first operands, other devices).
   const int64_t lda = planes.stride(2);
@@ -320,7 +330,7 @@ double cost(const Problem& problem) {
   const bool fused = fused_kernel_reads_rows(problem, layout);
   const bool converts = !fused && dtype != compute_dtype(dtype);
   const bool packs_input = !layout.direct || converts;
-  const bool packs_grad_output = layout.pitched || converts;
+  const bool packs_dy = packs_grad_output(problem, layout, fused) || converts;
   const bool input_channels_last = problem.input.stride(1) == 1;
 
   const auto width = [fused](int64_t channels) {
@@ -334,7 +344,7 @@ double cost(const Problem& problem) {
   const double input_bytes = static_cast<double>(g.batch) * g.in_channels * g.in[0] * g.in[1] * g.in[2] * element_size;
   const double grad_output_bytes = g.data_bytes(problem.input.element_size()) - input_bytes;
   const double pack_bytes_per_second = input_channels_last ? 6e9 : 3e9;
-  seconds += ((packs_input ? input_bytes : 0) + (packs_grad_output ? grad_output_bytes : 0)) / pack_bytes_per_second;
+  seconds += ((packs_input ? input_bytes : 0) + (packs_dy ? grad_output_bytes : 0)) / pack_bytes_per_second;
   if (!fused) {
     const bool samples_flatten = input_channels_last || packs_input;
     const double products_per_tap =
