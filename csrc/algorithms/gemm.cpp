@@ -206,13 +206,16 @@ TapElement tap_element(at::ScalarType dtype) {
 }
 
 // Whether run() hands both operands to the fused kernel as channels-last
-// rows: on a CPU that runs it, in a dtype it reads (not float64), unless the
-// input is read in place with channels first (a 1x1 on NCX data, which BLAS
-// multiplies with no copy at all). The output gradient is packed where it
-// is not already rows.
-bool fused_kernel_reads_rows(const Problem& problem, const Layout& layout) {
+// rows: on a CPU that runs it, in a dtype it reads (not float64), unless an
+// operand would need a copy that BLAS does without. BLAS multiplies
+// channels-first data in place: an input read in place (1x1, stride 1), and
+// a channels-first output gradient without the planes' pitch where there is
+// one tap (1x1 with stride: transposing it would cost more than sharing its
+// loads between taps saves; with more taps it is packed as rows).
+bool fused_kernel_reads_rows(const Problem& problem, const Layout& layout, const Geometry& g) {
   return problem.input.is_cpu() && problem.input.scalar_type() != at::kDouble && cpu_runs_avx2_kernels() &&
-         (!layout.direct || problem.input.stride(1) == 1);
+         (!layout.direct || problem.input.stride(1) == 1) &&
+         (layout.pitched || problem.grad_output.stride(1) == 1 || g.taps() > 1);
 }
 
 // Whether run() copies the output gradient: for the planes' row pitch, or as
@@ -232,7 +235,7 @@ at::Tensor run(const Problem& problem) {
   const at::ScalarType dtype = compute_dtype(problem.input.scalar_type());
   const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
   // The fused kernel reads f16/bf16 as they are; for BLAS they are converted.
-  const bool fused_rows = fused_kernel_reads_rows(problem, layout);
+  const bool fused_rows = fused_kernel_reads_rows(problem, layout, g);
   const at::ScalarType storage = fused_rows ? problem.input.scalar_type() : dtype;
   // (planes, N, rows, C) and (N, rows, O)
   at::Tensor planes = layout.direct ? as_rows(x5, storage).unsqueeze(0) : pack_input(x5, plans, storage, g);
@@ -327,7 +330,7 @@ double cost(const Problem& problem) {
   const double padded_rows = static_cast<double>(layout.plans[1].length) * layout.plans[2].length;
   const double rows = static_cast<double>(g.out[1]) * g.out[2];
   const at::ScalarType dtype = problem.input.scalar_type();
-  const bool fused = fused_kernel_reads_rows(problem, layout);
+  const bool fused = fused_kernel_reads_rows(problem, layout, g);
   const bool converts = !fused && dtype != compute_dtype(dtype);
   const bool packs_input = !layout.direct || converts;
   const bool packs_dy = packs_grad_output(problem, layout, fused) || converts;
