@@ -200,6 +200,43 @@ void stage_channels(const T* source, int64_t pixel_stride, int64_t channels, int
   }
 }
 
+// The input rows that output row (y0, y1) reads: (iz, iy) inside the input,
+// with the first tap, (kz * K1 + ky) * K2, that each serves.
+struct RowRead {
+  int64_t iz, iy, tap;
+};
+inline void input_rows_of(const Args& args, int64_t y0, int64_t y1, std::vector<RowRead>& reads) {
+  reads.clear();
+  for (int64_t kz = 0; kz < args.kernel[0]; ++kz) {
+    const int64_t iz = y0 * args.stride[0] - args.pad_begin[0] + kz * args.dilation[0];
+    if (iz < 0 || iz >= args.in[0]) continue;
+    for (int64_t ky = 0; ky < args.kernel[1]; ++ky) {
+      const int64_t iy = y1 * args.stride[1] - args.pad_begin[1] + ky * args.dilation[1];
+      if (iy >= 0 && iy < args.in[1]) reads.push_back({iz, iy, (kz * args.kernel[1] + ky) * args.kernel[2]});
+    }
+  }
+}
+
+// The rows of sample n that the next output row, (y0, y1 + 1), reads first:
+// its grad_output row and the input rows past this row's last, to prefetch
+// while this row computes.
+template <typename T>
+void next_row_reads(const Args& args, const T* input, const T* grad_output, int64_t n, int64_t y0, int64_t y1,
+                    std::vector<const T*>& rows) {
+  rows.clear();
+  if (y1 + 1 >= args.out[1]) return;
+  const int64_t* x_strides = args.input_strides;
+  const int64_t* dy_strides = args.grad_output_strides;
+  rows.push_back(grad_output + n * dy_strides[0] + y0 * dy_strides[2] + (y1 + 1) * dy_strides[3]);
+  const int64_t last_iy = y1 * args.stride[1] - args.pad_begin[1] + (args.kernel[1] - 1) * args.dilation[1];
+  for (int64_t kz = 0; kz < args.kernel[0]; ++kz) {
+    const int64_t iz = y0 * args.stride[0] - args.pad_begin[0] + kz * args.dilation[0];
+    if (iz < 0 || iz >= args.in[0]) continue;
+    for (int64_t iy = std::max<int64_t>(last_iy + 1, 0); iy < std::min(last_iy + 1 + args.stride[1], args.in[1]); ++iy)
+      rows.push_back(input + n * x_strides[0] + iz * x_strides[2] + iy * x_strides[3]);
+  }
+}
+
 // Whole blocks of channels: the tiles read the rows where they lie (a
 // block's channels of a pixel are one or half a cache line), converting
 // f16/bf16 as they load, instead of through a staged copy. Where the data
@@ -231,6 +268,7 @@ void channels_last_in_place(const Args& args, int64_t sample_begin, int64_t samp
   }
   // acc[block][tap][lane]
   std::vector<A> acc(blocks * taps * kBlock, A(0));
+  std::vector<RowRead> reads;
   std::vector<const T*> next_rows;
   const int64_t row_bytes = ((std::max(args.in[2], windows) - 1) * std::max(x_pixel, dy_pixel) + blocks * kBlock) *
                             static_cast<int64_t>(sizeof(T));
@@ -238,59 +276,39 @@ void channels_last_in_place(const Args& args, int64_t sample_begin, int64_t samp
     for (int64_t y0 = 0; y0 < args.out[0]; ++y0)
       for (int64_t y1 = 0; y1 < args.out[1]; ++y1) {
         const T* dy_row = grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3];
-        // The rows the next output row reads first: its grad_output row and
-        // the input rows past this one's, fetched a part per block.
-        next_rows.clear();
-        if (y1 + 1 < args.out[1]) {
-          next_rows.push_back(dy_row + dy_strides[3]);
-          const int64_t last_iy = y1 * args.stride[1] - args.pad_begin[1] + (args.kernel[1] - 1) * args.dilation[1];
-          for (int64_t kz = 0; kz < args.kernel[0]; ++kz) {
-            const int64_t iz = y0 * args.stride[0] - args.pad_begin[0] + kz * args.dilation[0];
-            if (iz < 0 || iz >= args.in[0]) continue;
-            for (int64_t iy = std::max<int64_t>(last_iy + 1, 0); iy < std::min(last_iy + 1 + args.stride[1], args.in[1]);
-                 ++iy)
-              next_rows.push_back(input + n * x_strides[0] + iz * x_strides[2] + iy * x_strides[3]);
-          }
-        }
-        bool first_row = true;
-        for (int64_t kz = 0; kz < args.kernel[0]; ++kz) {
-          const int64_t iz = y0 * args.stride[0] - args.pad_begin[0] + kz * args.dilation[0];
-          if (iz < 0 || iz >= args.in[0]) continue;
-          for (int64_t ky = 0; ky < args.kernel[1]; ++ky) {
-            const int64_t iy = y1 * args.stride[1] - args.pad_begin[1] + ky * args.dilation[1];
-            if (iy < 0 || iy >= args.in[1]) continue;
-            const T* x_row = input + n * x_strides[0] + iz * x_strides[2] + iy * x_strides[3];
-            const int64_t row_tap = (kz * args.kernel[1] + ky) * args.kernel[2];
-            for (int64_t block = 0; block < blocks; ++block) {
-              if (first_row)
-                for (const T* row : next_rows) prefetch_part(row, row_bytes, block, blocks);
-              const T* x_block = x_row + block * kBlock;
-              const T* dy_block = dy_row + block * kBlock;
-              A* block_acc = acc.data() + (block * taps + row_tap) * kBlock;
-              // Window j, tap kx reads pixel j * stride + kx * dilation - pad.
-              const auto tile_run = [&]<int kTaps>(int64_t tap, int64_t from, int64_t to) {
-                if (from >= to) return;
-                channels_last_tile<kTaps>(x_block + (from * stride + tap * dilation - pad) * x_pixel,
-                                          stride * x_pixel, dilation * x_pixel, dy_block + from * dy_pixel,
-                                          dy_pixel, to - from, block_acc + tap * kBlock);
-              };
-              for (const TapRange& tile : tiles) {
-                int64_t common_first = 0, common_end = windows;
-                for (int64_t kx = tile.first; kx < tile.first + tile.count; ++kx) {
-                  common_first = std::max(common_first, first[kx]);
-                  common_end = std::min(common_end, end[kx]);
-                }
-                common_end = std::max(common_end, common_first);
-                with_tap_count(tile.count, [&]<int kTaps>() {
-                  tile_run.template operator()<kTaps>(tile.first, common_first, common_end);
-                });
-                for (int64_t kx = tile.first; kx < tile.first + tile.count; ++kx) {
-                  tile_run.template operator()<1>(kx, first[kx], std::min(end[kx], common_first));
-                  tile_run.template operator()<1>(kx, std::max(first[kx], common_end), end[kx]);
-                }
+        next_row_reads(args, input, grad_output, n, y0, y1, next_rows);
+        input_rows_of(args, y0, y1, reads);
+        for (const RowRead& read : reads) {
+          const bool first_row = &read == reads.data();
+          const T* x_row = input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3];
+          for (int64_t block = 0; block < blocks; ++block) {
+            if (first_row)
+              for (const T* row : next_rows) prefetch_part(row, row_bytes, block, blocks);
+            const T* x_block = x_row + block * kBlock;
+            const T* dy_block = dy_row + block * kBlock;
+            A* block_acc = acc.data() + (block * taps + read.tap) * kBlock;
+            // Window j, tap kx reads pixel j * stride + kx * dilation - pad.
+            const auto tile_run = [&]<int kTaps>(int64_t tap, int64_t from, int64_t to) {
+              if (from >= to) return;
+              channels_last_tile<kTaps>(x_block + (from * stride + tap * dilation - pad) * x_pixel,
+                                        stride * x_pixel, dilation * x_pixel, dy_block + from * dy_pixel,
+                                        dy_pixel, to - from, block_acc + tap * kBlock);
+            };
+            for (const TapRange& tile : tiles) {
+              int64_t common_first = 0, common_end = windows;
+              for (int64_t kx = tile.first; kx < tile.first + tile.count; ++kx) {
+                common_first = std::max(common_first, first[kx]);
+                common_end = std::min(common_end, end[kx]);
+              }
+              common_end = std::max(common_end, common_first);
+              with_tap_count(tile.count, [&]<int kTaps>() {
+                tile_run.template operator()<kTaps>(tile.first, common_first, common_end);
+              });
+              for (int64_t kx = tile.first; kx < tile.first + tile.count; ++kx) {
+                tile_run.template operator()<1>(kx, first[kx], std::min(end[kx], common_first));
+                tile_run.template operator()<1>(kx, std::max(first[kx], common_end), end[kx]);
               }
             }
-            first_row = false;
           }
         }
       }
@@ -336,8 +354,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   struct InputRow {
     const A* staged;
     int64_t tap;  // the row's first tap: (kz * K1 + ky) * K2
-    int64_t iz;
   };
+  std::vector<RowRead> reads;
   std::vector<InputRow> rows;
   rows.reserve(args.kernel[0] * args.kernel[1]);
   std::vector<const T*> prefetch_rows;
@@ -349,35 +367,19 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
       for (int64_t y1 = 0; y1 < args.out[1]; ++y1) {
         stage_channels(grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3], dy_strides[4],
                        channels, windows, 0, dy_block_pitch, staged_grad_output.data());
+        input_rows_of(args, y0, y1, reads);
         rows.clear();
-        for (int64_t kz = 0; kz < args.kernel[0]; ++kz) {
-          const int64_t iz = y0 * args.stride[0] - args.pad_begin[0] + kz * args.dilation[0];
-          if (iz < 0 || iz >= args.in[0]) continue;
-          for (int64_t ky = 0; ky < args.kernel[1]; ++ky) {
-            const int64_t iy = y1 * args.stride[1] - args.pad_begin[1] + ky * args.dilation[1];
-            if (iy < 0 || iy >= args.in[1]) continue;
-            const int64_t slot = (iz % ring[0]) * ring[1] + iy % ring[1];
-            A* staged = staged_input.data() + slot * blocks * input_block_pitch;
-            if (staged_row_of_slot[slot] != iz * args.in[1] + iy) {
-              stage_channels(input + n * x_strides[0] + iz * x_strides[2] + iy * x_strides[3], x_strides[4], channels,
-                             input_pixels, args.pad_begin[2], input_block_pitch, staged);
-              staged_row_of_slot[slot] = iz * args.in[1] + iy;
-            }
-            rows.push_back({staged, (kz * args.kernel[1] + ky) * args.kernel[2], iz});
+        for (const RowRead& read : reads) {
+          const int64_t slot = (read.iz % ring[0]) * ring[1] + read.iy % ring[1];
+          A* staged = staged_input.data() + slot * blocks * input_block_pitch;
+          if (staged_row_of_slot[slot] != read.iz * args.in[1] + read.iy) {
+            stage_channels(input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3], x_strides[4],
+                           channels, input_pixels, args.pad_begin[2], input_block_pitch, staged);
+            staged_row_of_slot[slot] = read.iz * args.in[1] + read.iy;
           }
+          rows.push_back({staged, read.tap});
         }
-        // The next output row of this slice stages its grad_output row and the
-        // input rows past this row's last ones.
-        prefetch_rows.clear();
-        if (y1 + 1 < args.out[1]) {
-          prefetch_rows.push_back(grad_output + n * dy_strides[0] + y0 * dy_strides[2] + (y1 + 1) * dy_strides[3]);
-          const int64_t last_iy = y1 * args.stride[1] - args.pad_begin[1] + (args.kernel[1] - 1) * args.dilation[1];
-          for (const InputRow& row : rows)
-            if (row.tap % (args.kernel[1] * args.kernel[2]) == (args.kernel[1] - 1) * args.kernel[2])
-              for (int64_t iy = std::max<int64_t>(last_iy + 1, 0);
-                   iy < std::min(last_iy + 1 + args.stride[1], args.in[1]); ++iy)
-                prefetch_rows.push_back(input + n * x_strides[0] + row.iz * x_strides[2] + iy * x_strides[3]);
-        }
+        next_row_reads(args, input, grad_output, n, y0, y1, prefetch_rows);
         for (int64_t block = 0; block < blocks; ++block) {
           for (const T* row : prefetch_rows) prefetch_part(row, row_bytes, block, blocks);
           const A* dy = staged_grad_output.data() + block * dy_block_pitch;
