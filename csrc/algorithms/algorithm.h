@@ -10,6 +10,8 @@
 
 namespace torch_convgrad {
 
+struct Geometry;
+
 struct Algorithm {
   // Stable name, used by the override (TORCH_CONVGRAD_ALGORITHM,
   // torch_convgrad.use_algorithm) and reported by torch_convgrad.last_algorithm().
@@ -17,7 +19,8 @@ struct Algorithm {
   // Whether `run` computes this problem exactly (device, dtype, attributes).
   bool (*supports)(const Problem& problem);
   // Estimated seconds on this machine; only compared between algorithms.
-  double (*cost)(const Problem& problem);
+  // `geometry` is geometry_of(problem), computed once by the selector.
+  double (*cost)(const Problem& problem, const Geometry& geometry);
   // The weight gradient as a new contiguous tensor in the requested format,
   // with f16/bf16 accumulated in float32.
   at::Tensor (*run)(const Problem& problem);

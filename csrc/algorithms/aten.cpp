@@ -183,8 +183,7 @@ bool not_yet_channels_last(const Problem& problem) {
 // 35-56 (measured 2026-11-23, same machine).
 constexpr int64_t kManyPairs = 256 * 1024;
 
-double estimated_seconds(const Problem& problem, bool channels_last) {
-  const Geometry g = geometry_of(problem);
+double estimated_seconds(const Problem& problem, const Geometry& g, bool channels_last) {
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
   const bool depthwise = g.in_channels == g.groups && g.out_channels == g.groups;
   const bool pointwise = g.taps() == 1;
@@ -223,8 +222,12 @@ double estimated_seconds(const Problem& problem, bool channels_last) {
   return seconds;
 }
 
-double aten_cost(const Problem& problem) { return estimated_seconds(problem, /*channels_last=*/false); }
-double aten_channels_last_cost(const Problem& problem) { return estimated_seconds(problem, /*channels_last=*/true); }
+double aten_cost(const Problem& problem, const Geometry& g) {
+  return estimated_seconds(problem, g, /*channels_last=*/false);
+}
+double aten_channels_last_cost(const Problem& problem, const Geometry& g) {
+  return estimated_seconds(problem, g, /*channels_last=*/true);
+}
 
 at::Tensor run_in_caller_layout(const Problem& problem) {
   return run_aten(problem, problem.input, problem.grad_output, problem.data_to_ncx);

@@ -42,8 +42,8 @@ bool supports(const Problem& problem) {
          problem.groups == problem.grad_output.size(1);
 }
 
-double cost(const Problem& problem) {
-  return kOverheadSeconds + geometry_of(problem).data_bytes(problem.input.element_size()) / kBytesPerSecond;
+double cost(const Problem& problem, const Geometry& g) {
+  return kOverheadSeconds + g.data_bytes(problem.input.element_size()) / kBytesPerSecond;
 }
 
 kernel::Dtype kernel_dtype(at::ScalarType dtype) {

@@ -83,8 +83,7 @@ bool taps_are_the_result(const Problem& problem) {
 // lost to ATen on NCX data with an OIX result at 37K MACs).
 // With fewer than 8 output channels a group the inner loop is short:
 // depthwise problems ran at 0.4 GMAC/s.
-double cost(const Problem& problem) {
-  const Geometry g = geometry_of(problem);
+double cost(const Problem& problem, const Geometry& g) {
   const double macs_per_second = 5e9 * std::min(1.0, static_cast<double>(g.out_channels / g.groups) / 8);
   return (taps_are_the_result(problem) ? 12e-6 : 24e-6) + g.macs() / macs_per_second;
 }

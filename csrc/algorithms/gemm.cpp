@@ -322,9 +322,8 @@ bool supports(const Problem&) { return true; }
 // data and 3 GB/s from channels-first (a transposition); each BLAS product
 // call costs about 4 us. On other devices this is not calibrated: it runs
 // there only when forced.
-double cost(const Problem& problem) {
+double cost(const Problem& problem, const Geometry& g) {
   if (!problem.input.is_cpu()) return 1e30;
-  const Geometry g = geometry_of(problem);
   const Layout layout = plan(g);
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const double padded_rows = static_cast<double>(layout.plans[1].length) * layout.plans[2].length;

@@ -54,11 +54,12 @@ const Algorithm& select_algorithm(const Problem& problem) {
   }
   const Algorithm* choice = forced.load();
   if (choice && choice->supports(problem)) return *choice;
+  const Geometry geometry = geometry_of(problem);
   choice = nullptr;
   double best = 0;
   for (const Algorithm* algorithm : kAlgorithms) {
     if (!algorithm->supports(problem)) continue;
-    const double cost = algorithm->cost(problem);
+    const double cost = algorithm->cost(problem, geometry);
     if (!choice || cost < best) {
       choice = algorithm;
       best = cost;
