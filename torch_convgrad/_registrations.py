@@ -31,6 +31,15 @@ def _unfold_from_channels(folded, batch, channels_last):
     return folded.unflatten(1, (batch, -1)).movedim(1, 0)
 
 
+def _folded_arguments(arguments, names, samples, batch, channels_last):
+    """``arguments`` with the batch folded into the groups and, for each of ``names``, its
+    batched data tensor from ``samples`` folded into the channels."""
+    folded = dict(arguments, groups=arguments["groups"] * batch)
+    for name, sample in zip(names, samples):
+        folded[name] = _fold_into_channels(sample, channels_last)
+    return folded
+
+
 def _binder(op):
     """The op's argument names, and a function giving every argument by name from a call's
     (args, kwargs): the dispatcher drops trailing arguments equal to their defaults."""
@@ -74,9 +83,7 @@ def _make_vmap_rule(op_name):
         if axis is None or data_format not in ("NXC", "NCX"):
             return run_first_sample(), 0  # an unknown format: the op raises its usual error
         try:
-            folded_arguments = dict(arguments, groups=arguments["groups"] * batch)
-            for name, sample in zip(names[:2], samples):
-                folded_arguments[name] = _fold_into_channels(sample, channels_last=data_format == "NXC")
+            folded_arguments = _folded_arguments(arguments, names[:2], samples, batch, data_format == "NXC")
             shape = list(arguments[shape_name])
             per_sample = shape[axis]
             shape[axis] = per_sample * batch
@@ -115,9 +122,7 @@ def _make_backward_vmap_rule(backward_name, op_name):
             return tuple(torch.stack(results) if needed else None
                          for results, needed in zip(zip(*per_sample), mask)), out_dims
         channels_last = data_format == "NXC"
-        folded_arguments = dict(arguments, groups=arguments["groups"] * batch)
-        for name, sample in zip(names[1:3], samples[1:]):
-            folded_arguments[name] = _fold_into_channels(sample, channels_last)
+        folded_arguments = _folded_arguments(arguments, names[1:3], samples[1:], batch, channels_last)
         axis %= samples[0].dim() - 1  # in the per-sample filter
         grad = samples[0].movedim(0, axis).flatten(axis, axis + 1)
         shape = list(arguments[shape_name])
