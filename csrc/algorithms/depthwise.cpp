@@ -25,12 +25,6 @@ namespace kernel = depthwise_kernel;
 constexpr double kBytesPerSecond = 9e9;
 constexpr double kOverheadSeconds = 15e-6;
 
-// Channels-last rows are read in place up to this many bytes of input and
-// grad_output, staged beyond. Measured on the same machine (32 MiB L3),
-// MobileNetV2 3x3, 144 channels, 56x56, 2 threads: in place ran 1.3-1.6x
-// faster at 3-14 MiB (f32) and 1.1-1.5x at 2-14 MiB (bf16), 0.86x at 28 MiB.
-constexpr double kInPlaceBytes = 16.0 * (1 << 20);
-
 bool supports(const Problem& problem) {
   const at::Tensor& input = problem.input;
   // Only real CPU tensors reach here: their sizes are concrete (the selector
@@ -72,7 +66,6 @@ kernel::Args kernel_args(const Problem& problem, const Geometry& geometry) {
     args.dilation[axis] = geometry.dilation[axis];
     args.pad_begin[axis] = geometry.pad_begin[axis];
   }
-  args.rows_in_place = geometry.data_bytes(problem.input.element_size()) <= kInPlaceBytes;
   return args;
 }
 

@@ -22,9 +22,6 @@ struct Args {
   int64_t input_strides[5];
   int64_t grad_output_strides[5];
   int64_t in[3], out[3], kernel[3], stride[3], dilation[3], pad_begin[3];
-  // channels_last: read whole blocks of channels where the rows lie rather
-  // than through staged copies (see channels_last_in_place).
-  bool rows_in_place;
 };
 
 // Both write the gradient of channels [channel_begin, channel_end) summed over
@@ -68,9 +65,6 @@ using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <typename T>
 using AccVec = at::vec::Vectorized<acc_type<T>>;
 
-// A tile sums up to kMaxTaps kernel taps at once, in two vectors each: 8
-// independent FMA chains cover the FMA latency within the 16 AVX2 registers.
-constexpr int kMaxTaps = 4;
 
 inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
@@ -90,13 +84,13 @@ AccVec<T> load_lanes(const T* data) {
   }
 }
 
-// `count` taps split into tiles of at most kMaxTaps, as evenly as possible
-// (9 = 3 + 3 + 3, not 4 + 4 + 1).
+// `count` taps split into tiles of at most `most`, as evenly as possible
+// (9 = 5 + 4 for tiles of 8, not 8 + 1).
 struct TapRange {
   int64_t first, count;
 };
-inline std::vector<TapRange> tap_tiles(int64_t count) {
-  const int64_t tiles = (count + kMaxTaps - 1) / kMaxTaps;
+inline std::vector<TapRange> tap_tiles(int64_t count, int64_t most) {
+  const int64_t tiles = (count + most - 1) / most;
   std::vector<TapRange> ranges;
   for (int64_t tile = 0, first = 0; tile < tiles; ++tile) {
     const int64_t size = count / tiles + (tile < count % tiles ? 1 : 0);
@@ -106,15 +100,12 @@ inline std::vector<TapRange> tap_tiles(int64_t count) {
   return ranges;
 }
 
-// Calls kernel.template operator()<kTaps>() with kTaps = taps (1..kMaxTaps).
-template <typename Kernel>
-void with_tap_count(int64_t taps, Kernel&& kernel) {
-  switch (taps) {
-    case 1: return kernel.template operator()<1>();
-    case 2: return kernel.template operator()<2>();
-    case 3: return kernel.template operator()<3>();
-    default: return kernel.template operator()<4>();
-  }
+// Calls kernel.template operator()<kCount>() with kCount = count (1..kMost).
+template <int kMost, int kCount = 1, typename Kernel>
+void with_count(int64_t count, Kernel&& kernel) {
+  if constexpr (kCount < kMost)
+    if (count > kCount) return with_count<kMost, kCount + 1>(count, kernel);
+  kernel.template operator()<kCount>();
 }
 
 // Copies one row of `size` elements along an axis of `stride` into `stride`
@@ -157,32 +148,69 @@ inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_
 }
 
 // ---------------------------------------------------------------------------
-// channels_last: lanes are channels. Rows are staged in blocks of two vectors
-// of channels (one 64-byte line), staged[block][pixel][lane], with the
-// input's padding as zero pixels: a block's rows stay in L1 across all taps
-// and no window needs a bounds check. Staging also converts f16/bf16 once per
-// input row rather than once per tap.
+// channels_last: lanes are channels, one vector of them (a block) at a time.
+// Input and grad_output rows are staged block by block, staged[block][pixel]
+// [lane], converted to the accumulation type and with the input's padding as
+// zero pixels: a block's rows are then short contiguous runs that stay in L1
+// across all its taps, no window needs a bounds check, and memory is read
+// once, in address order. Each input row is staged once and kept in a ring
+// while the output rows that read it pass; the hardware prefetchers follow
+// the staging's reads (prefetching the next rows in software measured
+// slower). A tile keeps the sums of up to kMaxTileTaps taps (several input
+// rows times several taps along the row) in registers, so one grad_output
+// load serves them all.
 // ---------------------------------------------------------------------------
 
-// acc[b][lane] += sum_{j < windows} x[j*s + b*d][lane] * dy[j][lane] for the
-// taps b < kTaps; `x_step` and `tap_step` are s and d in elements, `dy_step`
-// is dy's pixel stride.
-template <int kTaps, typename T, typename A = acc_type<T>>
-void channels_last_tile(const T* x, int64_t x_step, int64_t tap_step, const T* dy, int64_t dy_step, int64_t windows,
-                        A* acc) {
+// 14 sums, the grad_output vector and an input vector fill the 16 AVX2
+// registers (a 7x7 kernel runs two rows at a time).
+constexpr int kMaxTileRows = 3, kMaxTileCols = 8, kMaxTileTaps = 14;
+
+// acc[r][c][lane] += sum_{j < windows} x_r[j * x_step + c * tap_step][lane] * dy[j * kLanes][lane]
+// for r < kRows input rows and c < kCols taps along the row.
+template <int kRows, int kCols, typename A>
+void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, const A* dy, int64_t windows,
+                        A* const* acc) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t kLanes = Vec::size();
-  Vec sums[kTaps][2];
-  for (int b = 0; b < kTaps; ++b)
-    for (int v = 0; v < 2; ++v) sums[b][v] = Vec::loadu(acc + (2 * b + v) * kLanes);
-  for (int64_t j = 0; j < windows; ++j, x += x_step, dy += dy_step) {
-    const Vec dy_lanes[2] = {load_lanes(dy), load_lanes(dy + kLanes)};
-    for (int b = 0; b < kTaps; ++b)
-      for (int v = 0; v < 2; ++v)
-        sums[b][v] = at::vec::fmadd(load_lanes(x + b * tap_step + v * kLanes), dy_lanes[v], sums[b][v]);
+  // Few taps sum alternate windows apart, for enough independent FMA chains.
+  constexpr int kChains = kRows * kCols <= 4 ? 2 : 1;
+  const A* x[kRows];
+  Vec sums[kChains][kRows][kCols];
+  for (int r = 0; r < kRows; ++r) {
+    x[r] = rows[r];
+    for (int c = 0; c < kCols; ++c) {
+      sums[0][r][c] = Vec::loadu(acc[r] + c * kLanes);
+      for (int chain = 1; chain < kChains; ++chain) sums[chain][r][c] = Vec(A(0));
+    }
   }
-  for (int b = 0; b < kTaps; ++b)
-    for (int v = 0; v < 2; ++v) sums[b][v].store(acc + (2 * b + v) * kLanes);
+  const auto add_window = [&](Vec(&chain_sums)[kRows][kCols], const A* dy_window) {
+    const Vec dy_lanes = Vec::loadu(dy_window);
+    for (int r = 0; r < kRows; ++r) {
+      for (int c = 0; c < kCols; ++c)
+        chain_sums[r][c] = at::vec::fmadd(Vec::loadu(x[r] + c * tap_step), dy_lanes, chain_sums[r][c]);
+      x[r] += x_step;
+    }
+  };
+  int64_t j = 0;
+  for (; j + kChains <= windows; j += kChains)
+    for (int chain = 0; chain < kChains; ++chain) add_window(sums[chain], dy + (j + chain) * kLanes);
+  for (; j < windows; ++j) add_window(sums[0], dy + j * kLanes);
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c) {
+      for (int chain = 1; chain < kChains; ++chain) sums[0][r][c] = sums[0][r][c] + sums[chain][r][c];
+      sums[0][r][c].store(acc[r] + c * kLanes);
+    }
+}
+
+// Calls kernel.template operator()<kRows, kCols>() with the given counts
+// (rows <= kMaxTileRows, cols <= kMaxTileCols, rows * cols <= kMaxTileTaps).
+template <int kRows = 1, int kCols = 1, typename Kernel>
+void with_tile_shape(int64_t rows, int64_t cols, Kernel&& kernel) {
+  if constexpr (kRows < kMaxTileRows && (kRows + 1) * kCols <= kMaxTileTaps)
+    if (rows > kRows) return with_tile_shape<kRows + 1, kCols>(rows, cols, kernel);
+  if constexpr (kCols < kMaxTileCols && kRows * (kCols + 1) <= kMaxTileTaps)
+    if (cols > kCols) return with_tile_shape<kRows, kCols + 1>(rows, cols, kernel);
+  kernel.template operator()<kRows, kCols>();
 }
 
 // Stages `pixels` pixels of `channels` channels from `source` into blocks
@@ -191,12 +219,11 @@ template <typename T, typename A = acc_type<T>>
 void stage_channels(const T* source, int64_t pixel_stride, int64_t channels, int64_t pixels, int64_t first_pixel,
                     int64_t block_pitch, A* staged) {
   constexpr int64_t kLanes = AccVec<T>::size();
-  constexpr int64_t kBlock = 2 * kLanes;
   for (int64_t w = 0; w < pixels; ++w, source += pixel_stride) {
-    A* pixel = staged + (first_pixel + w) * kBlock;
+    A* pixel = staged + (first_pixel + w) * kLanes;
     int64_t c = 0;
-    for (; c + kLanes <= channels; c += kLanes) load_lanes(source + c).store(pixel + c / kBlock * block_pitch + c % kBlock);
-    for (; c < channels; ++c) pixel[c / kBlock * block_pitch + c % kBlock] = static_cast<A>(source[c]);
+    for (; c + kLanes <= channels; c += kLanes) load_lanes(source + c).store(pixel + c * (block_pitch / kLanes));
+    for (; c < channels; ++c) pixel[c / kLanes * block_pitch + c % kLanes] = static_cast<A>(source[c]);
   }
 }
 
@@ -217,127 +244,24 @@ inline void input_rows_of(const Args& args, int64_t y0, int64_t y1, std::vector<
   }
 }
 
-// The rows of sample n that the next output row, (y0, y1 + 1), reads first:
-// its grad_output row and the input rows past this row's last, to prefetch
-// while this row computes.
-template <typename T>
-void next_row_reads(const Args& args, const T* input, const T* grad_output, int64_t n, int64_t y0, int64_t y1,
-                    std::vector<const T*>& rows) {
-  rows.clear();
-  if (y1 + 1 >= args.out[1]) return;
-  const int64_t* x_strides = args.input_strides;
-  const int64_t* dy_strides = args.grad_output_strides;
-  rows.push_back(grad_output + n * dy_strides[0] + y0 * dy_strides[2] + (y1 + 1) * dy_strides[3]);
-  const int64_t last_iy = y1 * args.stride[1] - args.pad_begin[1] + (args.kernel[1] - 1) * args.dilation[1];
-  for (int64_t kz = 0; kz < args.kernel[0]; ++kz) {
-    const int64_t iz = y0 * args.stride[0] - args.pad_begin[0] + kz * args.dilation[0];
-    if (iz < 0 || iz >= args.in[0]) continue;
-    for (int64_t iy = std::max<int64_t>(last_iy + 1, 0); iy < std::min(last_iy + 1 + args.stride[1], args.in[1]); ++iy)
-      rows.push_back(input + n * x_strides[0] + iz * x_strides[2] + iy * x_strides[3]);
-  }
-}
-
-// Whole blocks of channels: the tiles read the rows where they lie (a
-// block's channels of a pixel are one or half a cache line), converting
-// f16/bf16 as they load, instead of through a staged copy. Where the data
-// comes from cache, the copy costs as much as the arithmetic; streamed from
-// memory, copying each input row once, in order, is the faster way to read
-// it (depthwise.cpp chooses). A tile runs over the windows where all its
-// taps fall inside the row; each tap then adds the windows at the edges on
-// its own.
-template <typename T, typename A = acc_type<T>>
-void channels_last_in_place(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
-                            int64_t channel_end, A* result) {
-  constexpr int64_t kBlock = 2 * AccVec<T>::size();
-  const T* input = static_cast<const T*>(args.input) + channel_begin;
-  const T* grad_output = static_cast<const T*>(args.grad_output) + channel_begin;
-  const int64_t* x_strides = args.input_strides;
-  const int64_t* dy_strides = args.grad_output_strides;
-  const int64_t blocks = (channel_end - channel_begin) / kBlock;
-  const int64_t taps = args.kernel[0] * args.kernel[1] * args.kernel[2];
-  const int64_t windows = args.out[2], stride = args.stride[2], dilation = args.dilation[2], pad = args.pad_begin[2];
-  const int64_t x_pixel = x_strides[4], dy_pixel = dy_strides[4];
-  const std::vector<TapRange> tiles = tap_tiles(args.kernel[2]);
-  // Per tap along the row: the windows [first, end) that read inside it.
-  std::vector<int64_t> first(args.kernel[2]), end(args.kernel[2]);
-  for (int64_t kx = 0; kx < args.kernel[2]; ++kx) {
-    const int64_t shift = kx * dilation - pad;  // window j reads pixel j * stride + shift
-    const int64_t last_pixel = args.in[2] - 1 - shift;
-    first[kx] = std::min(windows, shift >= 0 ? 0 : (-shift + stride - 1) / stride);
-    end[kx] = std::clamp<int64_t>(last_pixel < 0 ? 0 : last_pixel / stride + 1, first[kx], windows);
-  }
-  // acc[block][tap][lane]
-  std::vector<A> acc(blocks * taps * kBlock, A(0));
-  std::vector<RowRead> reads;
-  std::vector<const T*> next_rows;
-  const int64_t row_bytes = ((std::max(args.in[2], windows) - 1) * std::max(x_pixel, dy_pixel) + blocks * kBlock) *
-                            static_cast<int64_t>(sizeof(T));
-  for (int64_t n = sample_begin; n < sample_end; ++n)
-    for (int64_t y0 = 0; y0 < args.out[0]; ++y0)
-      for (int64_t y1 = 0; y1 < args.out[1]; ++y1) {
-        const T* dy_row = grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3];
-        next_row_reads(args, input, grad_output, n, y0, y1, next_rows);
-        input_rows_of(args, y0, y1, reads);
-        for (const RowRead& read : reads) {
-          const bool first_row = &read == reads.data();
-          const T* x_row = input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3];
-          for (int64_t block = 0; block < blocks; ++block) {
-            if (first_row)
-              for (const T* row : next_rows) prefetch_part(row, row_bytes, block, blocks);
-            const T* x_block = x_row + block * kBlock;
-            const T* dy_block = dy_row + block * kBlock;
-            A* block_acc = acc.data() + (block * taps + read.tap) * kBlock;
-            // Window j, tap kx reads pixel j * stride + kx * dilation - pad.
-            const auto tile_run = [&]<int kTaps>(int64_t tap, int64_t from, int64_t to) {
-              if (from >= to) return;
-              channels_last_tile<kTaps>(x_block + (from * stride + tap * dilation - pad) * x_pixel,
-                                        stride * x_pixel, dilation * x_pixel, dy_block + from * dy_pixel,
-                                        dy_pixel, to - from, block_acc + tap * kBlock);
-            };
-            for (const TapRange& tile : tiles) {
-              int64_t common_first = 0, common_end = windows;
-              for (int64_t kx = tile.first; kx < tile.first + tile.count; ++kx) {
-                common_first = std::max(common_first, first[kx]);
-                common_end = std::min(common_end, end[kx]);
-              }
-              common_end = std::max(common_end, common_first);
-              with_tap_count(tile.count, [&]<int kTaps>() {
-                tile_run.template operator()<kTaps>(tile.first, common_first, common_end);
-              });
-              for (int64_t kx = tile.first; kx < tile.first + tile.count; ++kx) {
-                tile_run.template operator()<1>(kx, first[kx], std::min(end[kx], common_first));
-                tile_run.template operator()<1>(kx, std::max(first[kx], common_end), end[kx]);
-              }
-            }
-          }
-        }
-      }
-  const int64_t channels = channel_end - channel_begin;
-  for (int64_t c = 0; c < channels; ++c)
-    for (int64_t tap = 0; tap < taps; ++tap)
-      result[c * taps + tap] = acc[(c / kBlock * taps + tap) * kBlock + c % kBlock];
-}
-
 template <typename T>
 void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
                         int64_t channel_end, acc_type<T>* result) {
-  if (args.rows_in_place && (channel_end - channel_begin) % (2 * AccVec<T>::size()) == 0)
-    return channels_last_in_place<T>(args, sample_begin, sample_end, channel_begin, channel_end, result);
   using A = acc_type<T>;
-  constexpr int64_t kBlock = 2 * AccVec<T>::size();
+  constexpr int64_t kLanes = AccVec<T>::size();
   const T* input = static_cast<const T*>(args.input) + channel_begin;
   const T* grad_output = static_cast<const T*>(args.grad_output) + channel_begin;
   const int64_t* x_strides = args.input_strides;
   const int64_t* dy_strides = args.grad_output_strides;
   const int64_t channels = channel_end - channel_begin;
-  const int64_t blocks = (channels + kBlock - 1) / kBlock;
+  const int64_t blocks = (channels + kLanes - 1) / kLanes;
   const int64_t taps = args.kernel[0] * args.kernel[1] * args.kernel[2];
   const int64_t windows = args.out[2], stride = args.stride[2], dilation = args.dilation[2];
   // A staged input row covers the padded positions the windows reach.
   const int64_t row_pixels = (windows - 1) * stride + (args.kernel[2] - 1) * dilation + 1;
   const int64_t input_pixels = std::clamp<int64_t>(row_pixels - args.pad_begin[2], 0, args.in[2]);
-  const int64_t input_block_pitch = row_pixels * kBlock;
-  const int64_t dy_block_pitch = windows * kBlock;
+  const int64_t input_block_pitch = row_pixels * kLanes;
+  const int64_t dy_block_pitch = windows * kLanes;
 
   // Staged input rows, cached in a ring: the rows one output row reads are
   // distinct modulo the ring sizes, and consecutive output rows share most.
@@ -348,18 +272,16 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   std::vector<int64_t> staged_row_of_slot(ring[0] * ring[1]);
   std::vector<A> staged_grad_output(blocks * dy_block_pitch, A(0));
   // acc[block][tap][lane]
-  std::vector<A> acc(blocks * taps * kBlock, A(0));
-  const std::vector<TapRange> tiles = tap_tiles(args.kernel[2]);
+  std::vector<A> acc(blocks * taps * kLanes, A(0));
 
-  struct InputRow {
-    const A* staged;
-    int64_t tap;  // the row's first tap: (kz * K1 + ky) * K2
-  };
+  // Taps along the row in tiles, each tile's input rows in groups its
+  // registers allow.
+  const std::vector<TapRange> cols = tap_tiles(args.kernel[2], kMaxTileCols);
+
   std::vector<RowRead> reads;
-  std::vector<InputRow> rows;
-  rows.reserve(args.kernel[0] * args.kernel[1]);
-  std::vector<const T*> prefetch_rows;
-  const int64_t row_bytes = ((std::max(args.in[2], windows) - 1) * x_strides[4] + channels) * sizeof(T);
+  std::vector<const A*> staged_rows;
+  const A* tile_rows[kMaxTileRows];
+  A* tile_acc[kMaxTileRows];
 
   for (int64_t n = sample_begin; n < sample_end; ++n) {
     std::fill(staged_row_of_slot.begin(), staged_row_of_slot.end(), -1);
@@ -368,7 +290,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
         stage_channels(grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3], dy_strides[4],
                        channels, windows, 0, dy_block_pitch, staged_grad_output.data());
         input_rows_of(args, y0, y1, reads);
-        rows.clear();
+        staged_rows.clear();
         for (const RowRead& read : reads) {
           const int64_t slot = (read.iz % ring[0]) * ring[1] + read.iy % ring[1];
           A* staged = staged_input.data() + slot * blocks * input_block_pitch;
@@ -377,19 +299,22 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
                            channels, input_pixels, args.pad_begin[2], input_block_pitch, staged);
             staged_row_of_slot[slot] = read.iz * args.in[1] + read.iy;
           }
-          rows.push_back({staged, read.tap});
+          staged_rows.push_back(staged);
         }
-        next_row_reads(args, input, grad_output, n, y0, y1, prefetch_rows);
+        const int64_t input_rows = static_cast<int64_t>(reads.size());
         for (int64_t block = 0; block < blocks; ++block) {
-          for (const T* row : prefetch_rows) prefetch_part(row, row_bytes, block, blocks);
           const A* dy = staged_grad_output.data() + block * dy_block_pitch;
-          A* block_acc = acc.data() + block * taps * kBlock;
-          for (const InputRow& row : rows) {
-            for (const TapRange& tile : tiles) {
-              with_tap_count(tile.count, [&]<int kTaps>() {
-                channels_last_tile<kTaps>(row.staged + block * input_block_pitch + tile.first * dilation * kBlock,
-                                          stride * kBlock, dilation * kBlock, dy, kBlock, windows,
-                                          block_acc + (row.tap + tile.first) * kBlock);
+          A* block_acc = acc.data() + block * taps * kLanes;
+          for (const TapRange& tile : cols) {
+            const int64_t group_rows = std::min<int64_t>(kMaxTileRows, kMaxTileTaps / tile.count);
+            for (int64_t r0 = 0; r0 < input_rows; r0 += group_rows) {
+              const int64_t rows = std::min(group_rows, input_rows - r0);
+              for (int64_t r = 0; r < rows; ++r) {
+                tile_rows[r] = staged_rows[r0 + r] + block * input_block_pitch + tile.first * dilation * kLanes;
+                tile_acc[r] = block_acc + (reads[r0 + r].tap + tile.first) * kLanes;
+              }
+              with_tile_shape(rows, tile.count, [&]<int kRows, int kCols>() {
+                channels_last_tile<kRows, kCols>(tile_rows, stride * kLanes, dilation * kLanes, dy, windows, tile_acc);
               });
             }
           }
@@ -399,7 +324,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   }
   for (int64_t c = 0; c < channels; ++c)
     for (int64_t tap = 0; tap < taps; ++tap)
-      result[c * taps + tap] = acc[(c / kBlock * taps + tap) * kBlock + c % kBlock];
+      result[c * taps + tap] = acc[(c / kLanes * taps + tap) * kLanes + c % kLanes];
 }
 
 // ---------------------------------------------------------------------------
@@ -413,29 +338,34 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
 // into NaN, where the exact sum would skip it.)
 // ---------------------------------------------------------------------------
 
+// A tile sums up to kMaxPlaneTaps taps at once, one vector each, so that one
+// grad_output load serves them all (a 3x3 kernel in one pass).
+constexpr int kMaxPlaneTaps = 9;
+
 // sums[b] = sum_{t < vectors * lanes} x[offsets[b] + t] * dy[t], b < kTaps;
 // `vectors` is even.
 template <int kTaps, typename A>
 void channels_first_tile(const A* x, const int64_t* offsets, const A* dy, int64_t vectors, A* sums_out) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t kLanes = Vec::size();
+  // Few taps sum alternate vectors apart, for enough independent FMA chains.
+  constexpr int kChains = kTaps <= 4 ? 2 : 1;
   const A* tap_x[kTaps];
-  Vec sums[2][kTaps];
+  Vec sums[kChains][kTaps];
   for (int b = 0; b < kTaps; ++b) {
     tap_x[b] = x + offsets[b];
-    sums[0][b] = sums[1][b] = Vec(A(0));
+    for (int chain = 0; chain < kChains; ++chain) sums[chain][b] = Vec(A(0));
   }
-  for (int64_t t = 0; t < vectors * kLanes; t += 2 * kLanes) {
-    const Vec dy0 = Vec::loadu(dy + t);
-    const Vec dy1 = Vec::loadu(dy + t + kLanes);
-    for (int b = 0; b < kTaps; ++b) {
-      sums[0][b] = at::vec::fmadd(Vec::loadu(tap_x[b] + t), dy0, sums[0][b]);
-      sums[1][b] = at::vec::fmadd(Vec::loadu(tap_x[b] + t + kLanes), dy1, sums[1][b]);
+  for (int64_t t = 0; t < vectors * kLanes; t += kChains * kLanes)
+    for (int chain = 0; chain < kChains; ++chain) {
+      const Vec dy_lanes = Vec::loadu(dy + t + chain * kLanes);
+      for (int b = 0; b < kTaps; ++b)
+        sums[chain][b] = at::vec::fmadd(Vec::loadu(tap_x[b] + t + chain * kLanes), dy_lanes, sums[chain][b]);
     }
-  }
   for (int b = 0; b < kTaps; ++b) {
+    for (int chain = 1; chain < kChains; ++chain) sums[0][b] = sums[0][b] + sums[chain][b];
     A lanes[kLanes];
-    (sums[0][b] + sums[1][b]).store(lanes);
+    sums[0][b].store(lanes);
     A total = 0;
     for (int64_t lane = 0; lane < kLanes; ++lane) total += lanes[lane];
     sums_out[b] = total;
@@ -478,7 +408,7 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
         offsets[tap] = phase * phase_pitch + shift[0] / s[0] * slice_pitch + shift[1] / s[1] * row_pitch +
                        shift[2] / s[2];
       }
-  const std::vector<TapRange> tiles = tap_tiles(taps);
+  const std::vector<TapRange> tiles = tap_tiles(taps, kMaxPlaneTaps);
   std::fill(result, result + (channel_end - channel_begin) * taps, A(0));
   const bool dense_planes = x_strides[4] == 1 && x_strides[3] == args.in[2] && x_strides[2] == args.in[1] * args.in[2] &&
                             dy_strides[4] == 1 && dy_strides[3] == args.out[2] &&
@@ -517,8 +447,8 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
           prefetch_part(next_x_plane, x_plane_bytes, part, static_cast<int64_t>(tiles.size()));
           prefetch_part(next_dy_plane, dy_plane_bytes, part, static_cast<int64_t>(tiles.size()));
         }
-        A sums[kMaxTaps];
-        with_tap_count(tile.count, [&]<int kTaps>() {
+        A sums[kMaxPlaneTaps];
+        with_count<kMaxPlaneTaps>(tile.count, [&]<int kTaps>() {
           channels_first_tile<kTaps>(staged_input.data(), offsets.data() + tile.first, staged_grad_output.data(),
                                      vectors, sums);
         });
