@@ -17,12 +17,13 @@ namespace {
 
 namespace kernel = depthwise_kernel;
 
-// Measured on an AMD EPYC (Zen 3, 2 cores, AVX2; x.sum() of 256 MB reads at
-// 17-21 GB/s), 2 threads, bytes = input + grad_output: MobileNetV2 3x3
-// depthwise (N=32, C=128, 56x56) at 8.4-12.6 GB/s in f32/bf16, NXC/NCX,
-// strides 1 and 2; ConvNeXt 7x7 (C=96) is compute-bound at 2.4-4.4 GB/s.
-// A call on a tiny problem takes about 15 us.
-constexpr double kBytesPerSecond = 9e9;
+// Measured on an AMD EPYC (Zen 3, 2 cores, AVX2; x.sum() of 58 MB reads at
+// 23-32 GB/s), 2 threads, bytes = input + grad_output: MobileNetV2 3x3
+// depthwise (N=16, C=144, 56x56) streams at 16-26 GB/s in f32 and 12-14 in
+// bf16, NXC and NCX, strides 1 and 2; ConvNeXt 7x7 (N=8, C=96) is bound by
+// its arithmetic at 40-51 GMAC/s. A call on a tiny problem takes about 15 us.
+constexpr double kBytesPerSecond = 16e9;
+constexpr double kMacsPerSecond = 45e9;
 constexpr double kOverheadSeconds = 15e-6;
 
 bool supports(const Problem& problem) {
@@ -37,7 +38,8 @@ bool supports(const Problem& problem) {
 }
 
 double cost(const Problem& problem, const Geometry& g) {
-  return kOverheadSeconds + g.data_bytes(problem.input.element_size()) / kBytesPerSecond;
+  return kOverheadSeconds +
+         std::max(g.data_bytes(problem.input.element_size()) / kBytesPerSecond, g.macs() / kMacsPerSecond);
 }
 
 kernel::Dtype kernel_dtype(at::ScalarType dtype) {
