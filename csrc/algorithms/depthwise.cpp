@@ -21,10 +21,25 @@ namespace kernel = depthwise_kernel;
 // 23-32 GB/s), 2 threads, bytes = input + grad_output: MobileNetV2 3x3
 // depthwise (N=16, C=144, 56x56) streams at 16-26 GB/s in f32 and 12-14 in
 // bf16, NXC and NCX, strides 1 and 2; ConvNeXt 7x7 (N=8, C=96) is bound by
-// its arithmetic at 40-51 GMAC/s. A call on a tiny problem takes about 15 us.
+// its arithmetic at 40-51 GMAC/s. Groups of 2-8 channels ran 3x3 layers (N=8,
+// 14x14 to 56x56, 128-512 channels) at 22-40 GMAC/s, less with short rows,
+// where a tile's fixed work weighs more. A call on a tiny problem takes about
+// 15 us.
 constexpr double kBytesPerSecond = 16e9;
-constexpr double kMacsPerSecond = 45e9;
+constexpr double kDepthwiseMacsPerSecond = 45e9;
+constexpr double kGroupedMacsPerSecond = 35e9;
 constexpr double kOverheadSeconds = 15e-6;
+
+// Channels a group, input and output alike, that the kernels take: depthwise
+// (1), or groups of 2, 4 or 8 channels (as in ResNeXt and RegNet) that divide
+// a vector of lanes (8 float32 accumulators, 4 float64); 0 otherwise.
+int64_t group_channels(const Problem& problem) {
+  const int64_t channels = problem.input.size(1);
+  if (channels != problem.grad_output.size(1) || problem.groups == 0 || channels % problem.groups != 0) return 0;
+  const int64_t per_group = channels / problem.groups;
+  const int64_t lanes = problem.input.scalar_type() == at::kDouble ? 4 : 8;
+  return per_group <= lanes && lanes % per_group == 0 ? per_group : 0;
+}
 
 bool supports(const Problem& problem) {
   const at::Tensor& input = problem.input;
@@ -33,13 +48,15 @@ bool supports(const Problem& problem) {
   if (!input.device().is_cpu() || input.layout() != at::kStrided) return false;
   const auto dtype = input.scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16) return false;
-  return problem.spatial_rank() >= 1 && problem.spatial_rank() <= 3 && problem.groups == input.size(1) &&
-         problem.groups == problem.grad_output.size(1);
+  return problem.spatial_rank() >= 1 && problem.spatial_rank() <= 3 && group_channels(problem) > 0;
 }
 
 double cost(const Problem& problem, const Geometry& g) {
+  const double windows = static_cast<double>(g.out[2]);
+  const double macs_per_second =
+      group_channels(problem) == 1 ? kDepthwiseMacsPerSecond : kGroupedMacsPerSecond * windows / (windows + 8);
   return kOverheadSeconds +
-         std::max(g.data_bytes(problem.input.element_size()) / kBytesPerSecond, g.macs() / kMacsPerSecond);
+         std::max(g.data_bytes(problem.input.element_size()) / kBytesPerSecond, g.macs() / macs_per_second);
 }
 
 kernel::Dtype kernel_dtype(at::ScalarType dtype) {
@@ -68,6 +85,7 @@ kernel::Args kernel_args(const Problem& problem, const Geometry& geometry) {
     args.dilation[axis] = geometry.dilation[axis];
     args.pad_begin[axis] = geometry.pad_begin[axis];
   }
+  args.group_channels = group_channels(problem);
   return args;
 }
 
@@ -93,14 +111,15 @@ at::Tensor run(const Problem& problem) {
   const Geometry geometry = geometry_of(problem);
   const int64_t samples = geometry.batch;
   const int64_t channels = geometry.in_channels;
-  const int64_t taps = geometry.taps();
+  // Each output channel's weights: its group's input channels times the taps.
+  const int64_t weights = group_channels(problem) * geometry.taps();
   const auto acc_dtype = problem.input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto acc_options = problem.input.options().dtype(acc_dtype);
 
   const bool no_windows = geometry.out[0] == 0 || geometry.out[1] == 0 || geometry.out[2] == 0;
   at::Tensor sums;
   if (samples == 0 || channels == 0 || no_windows) {
-    sums = at::zeros({channels, taps}, acc_options);
+    sums = at::zeros({channels, weights}, acc_options);
   } else {
     const kernel::Args args = kernel_args(problem, geometry);
     const bool channels_last = use_channels_last(args);
@@ -119,7 +138,7 @@ at::Tensor run(const Problem& problem) {
 
     // at::parallel_for is inline: it runs in parallel only where this file is
     // compiled with -fopenmp (torch's ATen uses OpenMP), else serially.
-    const at::Tensor partials = at::empty({sample_groups, channels, taps}, acc_options);
+    const at::Tensor partials = at::empty({sample_groups, channels, weights}, acc_options);
     auto* partials_data = static_cast<char*>(partials.mutable_data_ptr());
     const int64_t acc_size = partials.element_size();
     at::parallel_for(0, sample_groups * channel_blocks, 1, [&](int64_t task_begin, int64_t task_end) {
@@ -128,7 +147,7 @@ at::Tensor run(const Problem& problem) {
         const int64_t channel_begin = task % channel_blocks * block_channels;
         const int64_t channel_end = std::min(channels, channel_begin + block_channels);
         kernel_fn(args, group * samples / sample_groups, (group + 1) * samples / sample_groups, channel_begin,
-                  channel_end, partials_data + ((group * channels + channel_begin) * taps) * acc_size);
+                  channel_end, partials_data + ((group * channels + channel_begin) * weights) * acc_size);
       }
     });
     sums = sample_groups == 1 ? partials[0] : partials[0].add(partials[1]);

@@ -1,8 +1,10 @@
-// The depthwise (groups == channels) weight-gradient kernel:
+// The depthwise weight-gradient kernel, and its generalisation to groups of a
+// few channels each (`group_channels` input and output channels a group):
 //
-//   dW[c, k] = sum_n sum_j input[n, c, j*s - pb + k*d] * grad_output[n, c, j]
+//   dW[c, i, k] = sum_n sum_j input[n, g(c) + i, j*s - pb + k*d] * grad_output[n, c, j]
 //
-// over three spatial axes. The first part of this header is the plain
+// over three spatial axes, where g(c) is the first channel of c's group and
+// i < group_channels (depthwise: group_channels = 1). The first part of this header is the plain
 // interface that depthwise.cpp calls; the second, compiled only by the
 // per-capability translation units (depthwise_kernel_avx2.cpp,
 // depthwise_kernel_default.cpp, which define CPU_CAPABILITY), is the kernel.
@@ -22,14 +24,17 @@ struct Args {
   int64_t input_strides[5];
   int64_t grad_output_strides[5];
   int64_t in[3], out[3], kernel[3], stride[3], dilation[3], pad_begin[3];
+  // Channels a group, input and output alike: 1, 2, 4 or 8, at most one
+  // vector of lanes (depthwise.cpp checks).
+  int64_t group_channels;
 };
 
-// Both write the gradient of channels [channel_begin, channel_end) summed over
-// samples [sample_begin, sample_end) to `result`, laid out
-// [channel - channel_begin][tap], as float (double for Dtype::Double).
+// Both write the gradient of output channels [channel_begin, channel_end)
+// summed over samples [sample_begin, sample_end) to `result`, laid out
+// [channel - channel_begin][i][tap], as float (double for Dtype::Double).
 //
 // channels_last vectorises over channels and needs channel stride 1 in both
-// tensors (NXC). channels_first vectorises along the last spatial axis; it
+// tensors (NXC), and channel_begin a multiple of the lanes. channels_first vectorises along the last spatial axis; it
 // takes any strides and is fast when that axis has stride 1 (NCX).
 #define TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS                                                      \
   void channels_last(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,  \
@@ -166,8 +171,9 @@ inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_
 constexpr int kMaxTileRows = 3, kMaxTileCols = 8, kMaxTileTaps = 14;
 
 // acc[r][c][lane] += sum_{j < windows} x_r[j * x_step + c * tap_step][lane] * dy[j * kLanes][lane]
-// for r < kRows input rows and c < kCols taps along the row.
-template <int kRows, int kCols, typename A>
+// for r < kRows input rows and c < kCols taps along the row; with kBroadcast,
+// x_r[...][0] in every lane.
+template <int kRows, int kCols, bool kBroadcast, typename A>
 void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, const A* dy, int64_t windows,
                         A* const* acc) {
   using Vec = at::vec::Vectorized<A>;
@@ -186,8 +192,10 @@ void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, 
   const auto add_window = [&](Vec(&chain_sums)[kRows][kCols], const A* dy_window) {
     const Vec dy_lanes = Vec::loadu(dy_window);
     for (int r = 0; r < kRows; ++r) {
-      for (int c = 0; c < kCols; ++c)
-        chain_sums[r][c] = at::vec::fmadd(Vec::loadu(x[r] + c * tap_step), dy_lanes, chain_sums[r][c]);
+      for (int c = 0; c < kCols; ++c) {
+        const A* source = x[r] + c * tap_step;
+        chain_sums[r][c] = at::vec::fmadd(kBroadcast ? Vec(*source) : Vec::loadu(source), dy_lanes, chain_sums[r][c]);
+      }
       x[r] += x_step;
     }
   };
@@ -213,17 +221,47 @@ void with_tile_shape(int64_t rows, int64_t cols, Kernel&& kernel) {
   kernel.template operator()<kRows, kCols>();
 }
 
+// Lane l of `lanes` takes lane (l / group_channels) * group_channels + i:
+// each group's lanes all hold the group's i-th input channel.
+template <typename A>
+at::vec::Vectorized<A> group_channel(const at::vec::Vectorized<A>& lanes, int64_t group_channels, int64_t i) {
+  using Vec = at::vec::Vectorized<A>;
+#if defined(CPU_CAPABILITY_AVX2)
+  if constexpr (std::is_same_v<A, float>) {
+    const __m256i first_of_group = _mm256_and_si256(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                                    _mm256_set1_epi32(static_cast<int>(-group_channels)));
+    return _mm256_permutevar8x32_ps(lanes, _mm256_add_epi32(first_of_group, _mm256_set1_epi32(static_cast<int>(i))));
+  }
+#endif
+  A source[Vec::size()], target[Vec::size()];
+  lanes.store(source);
+  for (int64_t lane = 0; lane < Vec::size(); ++lane) target[lane] = source[lane / group_channels * group_channels + i];
+  return Vec::loadu(target);
+}
+
 // Stages `pixels` pixels of `channels` channels from `source` into blocks
-// `block_pitch` apart, starting at pixel `first_pixel` of each block.
+// `block_pitch` apart, starting at pixel `first_pixel` of each block. With
+// groups of several channels, copy i (`copy_pitch` after the first) holds in
+// each channel's lane the i-th input channel of its group.
 template <typename T, typename A = acc_type<T>>
 void stage_channels(const T* source, int64_t pixel_stride, int64_t channels, int64_t pixels, int64_t first_pixel,
-                    int64_t block_pitch, A* staged) {
+                    int64_t block_pitch, A* staged, int64_t group_channels = 1, int64_t copy_pitch = 0) {
   constexpr int64_t kLanes = AccVec<T>::size();
   for (int64_t w = 0; w < pixels; ++w, source += pixel_stride) {
     A* pixel = staged + (first_pixel + w) * kLanes;
     int64_t c = 0;
-    for (; c + kLanes <= channels; c += kLanes) load_lanes(source + c).store(pixel + c * (block_pitch / kLanes));
-    for (; c < channels; ++c) pixel[c / kLanes * block_pitch + c % kLanes] = static_cast<A>(source[c]);
+    for (; c + kLanes <= channels; c += kLanes) {
+      const AccVec<T> lanes = load_lanes(source + c);
+      A* block = pixel + c * (block_pitch / kLanes);
+      if (group_channels == 1)
+        lanes.store(block);
+      else
+        for (int64_t i = 0; i < group_channels; ++i) group_channel(lanes, group_channels, i).store(block + i * copy_pitch);
+    }
+    for (; c < channels; ++c)
+      for (int64_t i = 0; i < group_channels; ++i)
+        pixel[i * copy_pitch + c / kLanes * block_pitch + c % kLanes] =
+            static_cast<A>(source[c / group_channels * group_channels + i]);
   }
 }
 
@@ -256,6 +294,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   const int64_t channels = channel_end - channel_begin;
   const int64_t blocks = (channels + kLanes - 1) / kLanes;
   const int64_t taps = args.kernel[0] * args.kernel[1] * args.kernel[2];
+  const int64_t group_channels = args.group_channels;
   const int64_t windows = args.out[2], stride = args.stride[2], dilation = args.dilation[2];
   // A staged input row covers the padded positions the windows reach.
   const int64_t row_pixels = (windows - 1) * stride + (args.kernel[2] - 1) * dilation + 1;
@@ -265,21 +304,33 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
 
   // Staged input rows, cached in a ring: the rows one output row reads are
   // distinct modulo the ring sizes, and consecutive output rows share most.
-  // Padding pixels and the lanes past `channels` are zeroed once: every row
-  // writes the same positions.
+  // With groups of several channels, a row is staged once per input channel
+  // of a group (stage_channels) and each copy is read as a row of its own;
+  // where a group fills the vector, the tiles instead broadcast lane i of a
+  // single copy. Padding pixels and the lanes past `channels` are zeroed
+  // once: every row writes the same positions.
   const int64_t ring[2] = {(args.kernel[0] - 1) * args.dilation[0] + 1, (args.kernel[1] - 1) * args.dilation[1] + 1};
-  std::vector<A> staged_input(ring[0] * ring[1] * blocks * input_block_pitch, A(0));
+  const bool broadcast = group_channels > 1 && group_channels == kLanes;
+  const int64_t copies = broadcast ? 1 : group_channels;
+  // staged_input[slot][block][copy][pixel][lane]: a block's copies lie together.
+  const int64_t block_pitch = copies * input_block_pitch, slot_pitch = blocks * block_pitch;
+  std::vector<A> staged_input(ring[0] * ring[1] * slot_pitch, A(0));
   std::vector<int64_t> staged_row_of_slot(ring[0] * ring[1]);
   std::vector<A> staged_grad_output(blocks * dy_block_pitch, A(0));
-  // acc[block][tap][lane]
-  std::vector<A> acc(blocks * taps * kLanes, A(0));
+  // acc[block][i][tap][lane]
+  const int64_t block_taps = group_channels * taps;
+  std::vector<A> acc(blocks * block_taps * kLanes, A(0));
 
   // Taps along the row in tiles, each tile's input rows in groups its
   // registers allow.
   const std::vector<TapRange> cols = tap_tiles(args.kernel[2], kMaxTileCols);
 
+  struct StagedRow {
+    const A* staged;
+    int64_t tap;  // the row's first tap in a block's sums: i * taps + (kz * K1 + ky) * K2
+  };
   std::vector<RowRead> reads;
-  std::vector<const A*> staged_rows;
+  std::vector<StagedRow> staged_rows;
   const A* tile_rows[kMaxTileRows];
   A* tile_acc[kMaxTileRows];
 
@@ -293,28 +344,35 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
         staged_rows.clear();
         for (const RowRead& read : reads) {
           const int64_t slot = (read.iz % ring[0]) * ring[1] + read.iy % ring[1];
-          A* staged = staged_input.data() + slot * blocks * input_block_pitch;
+          A* staged = staged_input.data() + slot * slot_pitch;
           if (staged_row_of_slot[slot] != read.iz * args.in[1] + read.iy) {
             stage_channels(input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3], x_strides[4],
-                           channels, input_pixels, args.pad_begin[2], input_block_pitch, staged);
+                           channels, input_pixels, args.pad_begin[2], block_pitch, staged, copies,
+                           input_block_pitch);
             staged_row_of_slot[slot] = read.iz * args.in[1] + read.iy;
           }
-          staged_rows.push_back(staged);
+          for (int64_t i = 0; i < group_channels; ++i)
+            staged_rows.push_back({staged + (broadcast ? i : i * input_block_pitch), i * taps + read.tap});
         }
-        const int64_t input_rows = static_cast<int64_t>(reads.size());
+        const int64_t input_rows = static_cast<int64_t>(staged_rows.size());
         for (int64_t block = 0; block < blocks; ++block) {
           const A* dy = staged_grad_output.data() + block * dy_block_pitch;
-          A* block_acc = acc.data() + block * taps * kLanes;
+          A* block_acc = acc.data() + block * block_taps * kLanes;
           for (const TapRange& tile : cols) {
             const int64_t group_rows = std::min<int64_t>(kMaxTileRows, kMaxTileTaps / tile.count);
             for (int64_t r0 = 0; r0 < input_rows; r0 += group_rows) {
               const int64_t rows = std::min(group_rows, input_rows - r0);
               for (int64_t r = 0; r < rows; ++r) {
-                tile_rows[r] = staged_rows[r0 + r] + block * input_block_pitch + tile.first * dilation * kLanes;
-                tile_acc[r] = block_acc + (reads[r0 + r].tap + tile.first) * kLanes;
+                tile_rows[r] = staged_rows[r0 + r].staged + block * block_pitch + tile.first * dilation * kLanes;
+                tile_acc[r] = block_acc + (staged_rows[r0 + r].tap + tile.first) * kLanes;
               }
               with_tile_shape(rows, tile.count, [&]<int kRows, int kCols>() {
-                channels_last_tile<kRows, kCols>(tile_rows, stride * kLanes, dilation * kLanes, dy, windows, tile_acc);
+                if (broadcast)
+                  channels_last_tile<kRows, kCols, true>(tile_rows, stride * kLanes, dilation * kLanes, dy, windows,
+                                                         tile_acc);
+                else
+                  channels_last_tile<kRows, kCols, false>(tile_rows, stride * kLanes, dilation * kLanes, dy, windows,
+                                                          tile_acc);
               });
             }
           }
@@ -323,8 +381,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
     }
   }
   for (int64_t c = 0; c < channels; ++c)
-    for (int64_t tap = 0; tap < taps; ++tap)
-      result[c * taps + tap] = acc[(c / kLanes * taps + tap) * kLanes + c % kLanes];
+    for (int64_t tap = 0; tap < block_taps; ++tap)
+      result[c * block_taps + tap] = acc[(c / kLanes * block_taps + tap) * kLanes + c % kLanes];
 }
 
 // ---------------------------------------------------------------------------
@@ -383,6 +441,7 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
   const int64_t* dy_strides = args.grad_output_strides;
   const int64_t* s = args.stride;
   const int64_t taps = args.kernel[0] * args.kernel[1] * args.kernel[2];
+  const int64_t group_channels = args.group_channels;
 
   // Per phase, an axis holds the windows plus the largest tap shift.
   int64_t length[3];
@@ -395,8 +454,11 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
   // The slack keeps the last taps' final vectors inside the allocation.
   const int64_t phase_pitch = length[0] * slice_pitch + 2 * kLanes;
 
-  // Zeroed once: every plane writes the same positions.
-  std::vector<A> staged_input(s[0] * s[1] * s[2] * phase_pitch, A(0));
+  // Zeroed once: every plane writes the same positions. The input planes of
+  // a group are staged together, when its first output channel comes.
+  const int64_t staged_plane_pitch = s[0] * s[1] * s[2] * phase_pitch;
+  std::vector<A> staged_input(group_channels * staged_plane_pitch, A(0));
+  int64_t staged_group = -1;
   std::vector<A> staged_grad_output(vectors * kLanes, A(0));
 
   std::vector<int64_t> offsets(taps);
@@ -409,27 +471,37 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
                        shift[2] / s[2];
       }
   const std::vector<TapRange> tiles = tap_tiles(taps, kMaxPlaneTaps);
-  std::fill(result, result + (channel_end - channel_begin) * taps, A(0));
+  std::fill(result, result + (channel_end - channel_begin) * group_channels * taps, A(0));
   const bool dense_planes = x_strides[4] == 1 && x_strides[3] == args.in[2] && x_strides[2] == args.in[1] * args.in[2] &&
                             dy_strides[4] == 1 && dy_strides[3] == args.out[2] &&
                             dy_strides[2] == args.out[1] * args.out[2];
   const int64_t x_plane_bytes = args.in[0] * args.in[1] * args.in[2] * sizeof(T);
   const int64_t dy_plane_bytes = args.out[0] * args.out[1] * args.out[2] * sizeof(T);
 
+  // Stages one input plane into its phases.
+  const auto stage_plane = [&](const T* x_plane, A* staged) {
+    for (int64_t iz = 0; iz < args.in[0]; ++iz) {
+      const int64_t uz = iz + args.pad_begin[0];
+      if (uz / s[0] >= length[0]) break;
+      for (int64_t iy = 0; iy < args.in[1]; ++iy) {
+        const int64_t uy = iy + args.pad_begin[1];
+        if (uy / s[1] >= length[1]) break;
+        const int64_t phase = ((uz % s[0]) * s[1] + uy % s[1]) * s[2];
+        stage_phases(x_plane + iz * x_strides[2] + iy * x_strides[3], x_strides[4], args.in[2], s[2],
+                     args.pad_begin[2], length[2], phase_pitch,
+                     staged + phase * phase_pitch + uz / s[0] * slice_pitch + uy / s[1] * row_pitch);
+      }
+    }
+  };
+
   for (int64_t n = sample_begin; n < sample_end; ++n) {
     for (int64_t c = channel_begin; c < channel_end; ++c) {
-      const T* x_plane = input + n * x_strides[0] + c * x_strides[1];
-      for (int64_t iz = 0; iz < args.in[0]; ++iz) {
-        const int64_t uz = iz + args.pad_begin[0];
-        if (uz / s[0] >= length[0]) break;
-        for (int64_t iy = 0; iy < args.in[1]; ++iy) {
-          const int64_t uy = iy + args.pad_begin[1];
-          if (uy / s[1] >= length[1]) break;
-          const int64_t phase = ((uz % s[0]) * s[1] + uy % s[1]) * s[2];
-          stage_phases(x_plane + iz * x_strides[2] + iy * x_strides[3], x_strides[4], args.in[2], s[2],
-                       args.pad_begin[2], length[2], phase_pitch,
-                       staged_input.data() + phase * phase_pitch + uz / s[0] * slice_pitch + uy / s[1] * row_pitch);
-        }
+      const int64_t group = c / group_channels;
+      if (staged_group != n * channel_end + group) {
+        staged_group = n * channel_end + group;
+        for (int64_t i = 0; i < group_channels; ++i)
+          stage_plane(input + n * x_strides[0] + (group * group_channels + i) * x_strides[1],
+                      staged_input.data() + i * staged_plane_pitch);
       }
       const T* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
       for (int64_t y0 = 0; y0 < args.out[0]; ++y0)
@@ -437,23 +509,25 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
           stage_phases(dy_plane + y0 * dy_strides[2] + y1 * dy_strides[3], dy_strides[4], args.out[2], 1, 0,
                        length[2], 0, staged_grad_output.data() + y0 * slice_pitch + y1 * row_pitch);
 
-      // The next plane of this sample, when planes are dense.
-      const T* next_x_plane = c + 1 < channel_end && dense_planes ? x_plane + x_strides[1] : nullptr;
-      const T* next_dy_plane = c + 1 < channel_end && dense_planes ? dy_plane + dy_strides[1] : nullptr;
-      A* channel_result = result + (c - channel_begin) * taps;
-      for (const TapRange& tile : tiles) {
-        const int64_t part = &tile - tiles.data();
-        if (next_x_plane) {
-          prefetch_part(next_x_plane, x_plane_bytes, part, static_cast<int64_t>(tiles.size()));
-          prefetch_part(next_dy_plane, dy_plane_bytes, part, static_cast<int64_t>(tiles.size()));
+      // The next output channel's plane of this sample, and the next group's
+      // input planes where it starts one, when planes are dense.
+      const bool prefetch = c + 1 < channel_end && dense_planes;
+      const T* next_x_planes = prefetch && (c + 1) % group_channels == 0 ? input + n * x_strides[0] + (c + 1) * x_strides[1] : nullptr;
+      const T* next_dy_plane = prefetch ? dy_plane + dy_strides[1] : nullptr;
+      A* channel_result = result + (c - channel_begin) * group_channels * taps;
+      const int64_t parts = group_channels * static_cast<int64_t>(tiles.size());
+      for (int64_t i = 0; i < group_channels; ++i)
+        for (const TapRange& tile : tiles) {
+          const int64_t part = i * static_cast<int64_t>(tiles.size()) + (&tile - tiles.data());
+          if (next_x_planes) prefetch_part(next_x_planes, group_channels * x_plane_bytes, part, parts);
+          if (next_dy_plane) prefetch_part(next_dy_plane, dy_plane_bytes, part, parts);
+          A sums[kMaxPlaneTaps];
+          with_count<kMaxPlaneTaps>(tile.count, [&]<int kTaps>() {
+            channels_first_tile<kTaps>(staged_input.data() + i * staged_plane_pitch, offsets.data() + tile.first,
+                                       staged_grad_output.data(), vectors, sums);
+          });
+          for (int64_t b = 0; b < tile.count; ++b) channel_result[i * taps + tile.first + b] += sums[b];
         }
-        A sums[kMaxPlaneTaps];
-        with_count<kMaxPlaneTaps>(tile.count, [&]<int kTaps>() {
-          channels_first_tile<kTaps>(staged_input.data(), offsets.data() + tile.first, staged_grad_output.data(),
-                                     vectors, sums);
-        });
-        for (int64_t b = 0; b < tile.count; ++b) channel_result[tile.first + b] += sums[b];
-      }
     }
   }
 }
