@@ -212,6 +212,12 @@ double estimated_seconds(const Problem& problem, const Geometry& g, bool channel
                                               : 34e9);
     else if (std::max(g.in_channels, g.out_channels) / g.groups >= 256)
       macs_per_second *= 1.5;
+    // Groups of a few channels: oneDNN ran 3x3 layers (N=8, 14x14 to 56x56,
+    // 128-512 channels) at 3.5 (2 a group), 5-10 (4) and 20-52 GMAC/s (8) on
+    // NXC data, and at 1.6, 2.2-2.4 and 14-36 on NCX (2026-11-23).
+    const double group_channels = static_cast<double>(std::max(g.in_channels, g.out_channels) / g.groups);
+    if (g.groups > 1 && group_channels <= 8)
+      macs_per_second = std::min(macs_per_second, group_channels * group_channels * (nxc ? 0.5e9 : 0.4e9));
     if (problem.spatial_rank() == 3) macs_per_second *= reduced && !nxc ? 0.5 : 0.85;
     if (reduced) macs_per_second *= 0.85;
     if (nxc && avx512) macs_per_second *= 2;
