@@ -136,9 +136,14 @@ void stage_phases(const T* source, int64_t element_stride, int64_t size, int64_t
       odd.store(phases + phase_pitch + (w + pad) / 2);
     }
   }
+  // The rest one by one, stepping phase and index without dividing per element.
+  int64_t phase = (w + pad) % stride, index = (w + pad) / stride;
   for (; w < size; ++w) {
-    const int64_t u = w + pad;
-    phases[(u % stride) * phase_pitch + u / stride] = static_cast<A>(source[w * element_stride]);
+    phases[phase * phase_pitch + index] = static_cast<A>(source[w * element_stride]);
+    if (++phase == stride) {
+      phase = 0;
+      ++index;
+    }
   }
 }
 
@@ -478,20 +483,24 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
   const int64_t x_plane_bytes = args.in[0] * args.in[1] * args.in[2] * sizeof(T);
   const int64_t dy_plane_bytes = args.out[0] * args.out[1] * args.out[2] * sizeof(T);
 
+  // Where input rows go in the staged planes, per axis (divisions done once,
+  // not per row): the phase's offset plus the index's, or -1 past the last
+  // index any window reads.
+  std::vector<int64_t> row_target[2];
+  for (int axis = 0; axis < 2; ++axis) {
+    const int64_t pitch = axis == 0 ? slice_pitch : row_pitch;
+    const int64_t phase_scale = axis == 0 ? s[1] * s[2] * phase_pitch : s[2] * phase_pitch;
+    for (int64_t i = 0; i < args.in[axis]; ++i) {
+      const int64_t u = i + args.pad_begin[axis];
+      row_target[axis].push_back(u / s[axis] >= length[axis] ? -1 : u % s[axis] * phase_scale + u / s[axis] * pitch);
+    }
+  }
   // Stages one input plane into its phases.
   const auto stage_plane = [&](const T* x_plane, A* staged) {
-    for (int64_t iz = 0; iz < args.in[0]; ++iz) {
-      const int64_t uz = iz + args.pad_begin[0];
-      if (uz / s[0] >= length[0]) break;
-      for (int64_t iy = 0; iy < args.in[1]; ++iy) {
-        const int64_t uy = iy + args.pad_begin[1];
-        if (uy / s[1] >= length[1]) break;
-        const int64_t phase = ((uz % s[0]) * s[1] + uy % s[1]) * s[2];
+    for (int64_t iz = 0; iz < args.in[0] && row_target[0][iz] >= 0; ++iz)
+      for (int64_t iy = 0; iy < args.in[1] && row_target[1][iy] >= 0; ++iy)
         stage_phases(x_plane + iz * x_strides[2] + iy * x_strides[3], x_strides[4], args.in[2], s[2],
-                     args.pad_begin[2], length[2], phase_pitch,
-                     staged + phase * phase_pitch + uz / s[0] * slice_pitch + uy / s[1] * row_pitch);
-      }
-    }
+                     args.pad_begin[2], length[2], phase_pitch, staged + row_target[0][iz] + row_target[1][iy]);
   };
 
   for (int64_t n = sample_begin; n < sample_end; ++n) {
