@@ -111,6 +111,39 @@ def test_depthwise_and_grouped_kernels(channels, groups, kernel, stride, dilatio
     assert_matches_ref(result, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
+PORTABLE_CHILD = """
+import sys, torch, torch_convgrad
+assert torch.backends.cpu.get_cpu_capability() == "DEFAULT", torch.backends.cpu.get_cpu_capability()
+problems = torch.load(sys.argv[1])
+outputs = []
+with torch_convgrad.use_algorithm("depthwise"):
+    for x, dy, shape, attributes in problems:
+        outputs.append(torch_convgrad.conv_backprop_filters(x, dy, shape, **attributes))
+        assert torch_convgrad.last_algorithm() == "depthwise", torch_convgrad.last_algorithm()
+torch.save(outputs, sys.argv[2])
+"""
+
+
+def test_portable_depthwise_kernels(tmp_path):
+    """The kernels compiled for CPUs without AVX2 (ATen's DEFAULT capability, forced in a child
+    process): depthwise and groups of 4 and 8 in both layouts, with a partial vector of lanes."""
+    problems = []
+    for data_format in ("NXC", "NCX"):
+        for channels, groups, dtype in ((37, 37, torch.float32), (36, 9, torch.bfloat16), (32, 4, torch.float32)):
+            x = rand(data_shape(2, channels, (6, 9), data_format), dtype, seed=9)
+            dy = rand(data_shape(2, channels, (3, 5), data_format), dtype, seed=10)
+            problems.append((x, dy, [channels, channels // groups, 3, 3],
+                             dict(strides=2, pads_begin=1, pads_end=[0, 1], groups=groups, data_format=data_format,
+                                  filter_format="OIX")))
+    torch.save(problems, tmp_path / "problems.pt")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
+    child = subprocess.run([sys.executable, "-c", PORTABLE_CHILD, str(tmp_path / "problems.pt"),
+                            str(tmp_path / "outputs.pt")], env=env, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    for (x, dy, shape, attributes), out in zip(problems, torch.load(tmp_path / "outputs.pt")):
+        assert_matches_ref(out, REF.conv_backprop_filters(x, dy, shape, **attributes), x.dtype)
+
+
 def test_an_algorithm_that_does_not_apply_leaves_the_problem_to_the_selector():
     # depthwise needs as many output as input channels (8 and 6 here), in groups of at most
     # 8; channels-last data needs no channels-last copy.
