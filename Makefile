@@ -24,7 +24,7 @@ fuzz: build
 test-torch-2.14:
 	PYTHON=$(PYTHON) bash scripts/test_other_torch.sh 2.14.1
 
-# The error, edge-case and sweep tests on an ASan+UBSan build (its own tree under build/).
+# The error, edge-case, sweep and algorithm tests on an ASan+UBSan build (its own tree under build/).
 sanitize: deps
 	PYTHON=$(PYTHON) bash scripts/sanitize.sh
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds torch_convgrad with AddressSanitizer and UndefinedBehaviorSanitizer in
 # its own copy of the tree (build/tree-sanitize; the main build is left alone)
-# and runs the error, edge-case and sweep tests under them. Any report fails.
+# and runs the error, edge-case, sweep and algorithm tests under them. Any
+# report fails.
 #   scripts/sanitize.sh [pytest args...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,4 +18,5 @@ compiler=${CXX:-c++}
 export LD_PRELOAD="$("$compiler" -print-file-name=libasan.so):$("$compiler" -print-file-name=libubsan.so)"
 export ASAN_OPTIONS=detect_leaks=0:alloc_dealloc_mismatch=0:halt_on_error=1:abort_on_error=1
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-"$PYTHON" -m pytest -p no:cacheprovider tests/test_errors.py tests/test_edge_cases.py tests/test_semantics.py "$@"
+"$PYTHON" -m pytest -p no:cacheprovider tests/test_errors.py tests/test_edge_cases.py tests/test_semantics.py \
+  tests/test_algorithms.py "$@"
