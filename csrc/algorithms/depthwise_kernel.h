@@ -261,7 +261,8 @@ void stage_channels(const T* source, int64_t pixel_stride, int64_t channels, int
       if (group_channels == 1)
         lanes.store(block);
       else
-        for (int64_t i = 0; i < group_channels; ++i) group_channel(lanes, group_channels, i).store(block + i * copy_pitch);
+        for (int64_t i = 0; i < group_channels; ++i)
+          group_channel(lanes, group_channels, i).store(block + i * copy_pitch);
     }
     for (; c < channels; ++c)
       for (int64_t i = 0; i < group_channels; ++i)
@@ -521,7 +522,8 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
       // The next output channel's plane of this sample, and the next group's
       // input planes where it starts one, when planes are dense.
       const bool prefetch = c + 1 < channel_end && dense_planes;
-      const T* next_x_planes = prefetch && (c + 1) % group_channels == 0 ? input + n * x_strides[0] + (c + 1) * x_strides[1] : nullptr;
+      const T* next_x_planes =
+          prefetch && (c + 1) % group_channels == 0 ? input + n * x_strides[0] + (c + 1) * x_strides[1] : nullptr;
       const T* next_dy_plane = prefetch ? dy_plane + dy_strides[1] : nullptr;
       A* channel_result = result + (c - channel_begin) * group_channels * taps;
       const int64_t parts = group_channels * static_cast<int64_t>(tiles.size());
