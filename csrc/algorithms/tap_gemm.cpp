@@ -7,6 +7,7 @@
 #include "tap_gemm_kernel.h"
 
 #include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
 
 #include <algorithm>
 #include <utility>
@@ -72,7 +73,7 @@ void tap_products(TapElement element, const void* a, int64_t lda, const void* b,
     return;
   }
   const kernel::Args args{element, a, lda, b, ldb, rows, offsets, taps, channels_a, channels_b, out, accumulate};
-  const auto block = cpu_runs_avx2_kernels() ? kernel::AVX2::block : kernel::DEFAULT::block;
+  TORCH_INTERNAL_ASSERT(cpu_runs_avx2_kernels(), "tap_products runs on AVX2 CPUs only");
   const int64_t tiles_m = ceil_div(m, kernel::kTileM), tiles_o = ceil_div(channels_b, kernel::kTileO);
   const bool pack_a = lda % kAliasingLda == 0;
   const Split split = choose_split(tiles_m, tiles_o, at::get_num_threads());
@@ -86,7 +87,8 @@ void tap_products(TapElement element, const void* a, int64_t lda, const void* b,
       };
       const auto [m_begin, m_end] = range(m_part, split.m_parts, tiles_m, kernel::kTileM, m);
       const auto [o_begin, o_end] = range(o_part, split.o_parts, tiles_o, kernel::kTileO, channels_b);
-      if (m_begin < m_end && o_begin < o_end) block(args, m_begin, m_end, o_begin, o_end, kChunkRows, pack_a);
+      if (m_begin < m_end && o_begin < o_end)
+        kernel::AVX2::block(args, m_begin, m_end, o_begin, o_end, kChunkRows, pack_a);
     }
   });
 }

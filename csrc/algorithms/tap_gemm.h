@@ -17,7 +17,7 @@ enum class TapElement { Float, Half, BFloat16 };
 // contiguous (taps, channels_a, channels_b). `accumulate` false overwrites out,
 // true adds to it. Each element is summed over r in increasing order, so the
 // result does not depend on the thread count. a and b hold `element`s, read
-// as float32; out is float32.
+// as float32; out is float32. AVX2 CPUs only (cpu_runs_avx2_kernels()).
 void tap_products(TapElement element, const void* a, int64_t lda, const void* b, int64_t ldb, int64_t rows,
                   const int64_t* offsets, int64_t taps, int64_t channels_a, int64_t channels_b, float* out,
                   bool accumulate);

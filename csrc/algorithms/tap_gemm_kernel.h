@@ -44,19 +44,22 @@ constexpr int64_t kTileO = 16;
 // transpose lays channels-first data out as the kernel's rows:
 // dst[r * dst_ld + c] = src[c * src_ld + r] for c < columns, r < rows, for
 // elements of `element_size` 2 or 4 bytes (copied, not converted).
-#define TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS                                                     \
-  void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end,     \
-             int64_t chunk_rows, bool pack_a);                                                      \
+//
+// The products run only on AVX2 CPUs (gemm uses BLAS elsewhere); the
+// transposition has a portable build too.
+#define TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE                                                              \
   void transpose(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows, \
                  int64_t element_size);
 
 namespace AVX2 {
-TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
-}
+void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows,
+           bool pack_a);
+TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
+}  // namespace AVX2
 namespace DEFAULT {
-TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
+TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
 }
-#undef TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
+#undef TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
 
 }  // namespace torch_convgrad::tap_gemm_kernel
 
@@ -76,6 +79,8 @@ TORCH_CONVGRAD_TAP_GEMM_DECLARE_KERNELS
 
 namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY {
 
+#ifdef CPU_CAPABILITY_AVX2
+
 // out[i][j] (+)= sum_{r < rows} a[i][r * lda] * slab[r][j] for i < kM,
 // j < width (<= kTileO); `zero` starts from 0 instead of out. B is read from
 // a copy, slab[r][j] = b[r * ldb + o0 + j] for j < width and 0 beyond, kTileO
@@ -84,8 +89,6 @@ namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY {
 // over it, and a tile needs no masked loads.
 using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo,
                         int64_t width, bool zero);
-
-#ifdef CPU_CAPABILITY_AVX2
 
 // kM x kVectors accumulators (at most 12 of the 16 ymm registers, leaving
 // room for B and the broadcast), enough independent FMA chains to hide the
@@ -139,30 +142,6 @@ inline TileFn pick_tile(int64_t height, int64_t width) {
   return kTiles[height - 1][variant];
 }
 
-#else
-
-// Portable: plain loops the compiler may vectorise.
-template <int kM>
-void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo, int64_t width,
-          bool zero) {
-  float acc[kM][kTileO];
-  for (int i = 0; i < kM; ++i)
-    for (int64_t j = 0; j < width; ++j) acc[i][j] = zero ? 0.0f : out[i * ldo + j];
-  for (int64_t r = 0; r < rows; ++r, slab += kTileO)
-    for (int i = 0; i < kM; ++i) {
-      const float x = a[i][r * lda];
-      for (int64_t j = 0; j < width; ++j) acc[i][j] += x * slab[j];
-    }
-  for (int i = 0; i < kM; ++i)
-    for (int64_t j = 0; j < width; ++j) out[i * ldo + j] = acc[i][j];
-}
-
-inline TileFn pick_tile(int64_t height, int64_t) {
-  static constexpr TileFn kTiles[kTileM] = {tile<1>, tile<2>, tile<3>, tile<4>, tile<5>, tile<6>};
-  return kTiles[height - 1];
-}
-
-#endif
 
 // One element as float32. F16C converts a half in one instruction where
 // c10::Half's portable conversion takes a dozen.
@@ -173,18 +152,13 @@ inline float to_float(T value) {
   } else if constexpr (std::is_same_v<T, c10::BFloat16>) {
     return c10::detail::f32_from_bits(value.x);
   } else {
-#ifdef CPU_CAPABILITY_AVX2
     return _cvtsh_ss(value.x);
-#else
-    return static_cast<float>(value);
-#endif
   }
 }
 
 // row[j] = source[j] as float32 for j < width, 0 for width <= j < kTileO.
 template <typename T>
 inline void convert_slab_row(const T* source, int64_t width, float* row) {
-#ifdef CPU_CAPABILITY_AVX2
   if (width == kTileO) {
     for (int64_t half = 0; half < kTileO; half += 8) {
       __m256 lanes;
@@ -201,24 +175,21 @@ inline void convert_slab_row(const T* source, int64_t width, float* row) {
     }
     return;
   }
-#endif
   // Plain loops: std::copy becomes a memmove call per row.
   for (int64_t j = 0; j < kTileO; ++j) row[j] = j < width ? to_float(source[j]) : 0.0f;
 }
 
 // Prefetches part `part` of `parts` of rows [first, first + count) of a
 // matrix, columns [begin, end). Inline asm: GCC 12 deletes loops of
-// __builtin_prefetch here as side-effect free. (DEFAULT builds skip it.)
+// __builtin_prefetch here as side-effect free.
 template <typename T>
 inline void prefetch_rows(const T* data, int64_t ld, int64_t first, int64_t count, int64_t begin, int64_t end,
                           int64_t part, int64_t parts) {
-#ifdef CPU_CAPABILITY_AVX2
   constexpr int64_t kLineElements = 64 / sizeof(T);
   // Every line of [begin, end), whatever its alignment: the last step lands on end - 1.
   for (int64_t r = first + count * part / parts; r < first + count * (part + 1) / parts; ++r)
     for (int64_t c = begin; c < end + kLineElements - 1; c += kLineElements)
       asm volatile("prefetcht0 %0" : : "m"(data[r * ld + std::min(c, end - 1)]));
-#endif
 }
 
 // Per chunk of rows, the block's columns of B are copied into slabs (one
@@ -304,6 +275,8 @@ inline void block_impl(const Args& args, int64_t m_begin, int64_t m_end, int64_t
       return block_of<c10::BFloat16>(args, m_begin, m_end, o_begin, o_end, chunk_rows, true);
   }
 }
+
+#endif  // CPU_CAPABILITY_AVX2
 
 // 8 x 8 blocks: at::vec's register transpose for float32 (AVX2), plain
 // loops otherwise and at the edges.

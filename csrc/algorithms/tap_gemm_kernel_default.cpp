@@ -1,15 +1,11 @@
-// The tap-product kernel for any CPU (ATEN_CPU_CAPABILITY=default, or no AVX2).
+// The transposition for any CPU (ATEN_CPU_CAPABILITY=default, or no AVX2); the
+// tap products themselves run only on AVX2 CPUs.
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 
 #include "tap_gemm_kernel.h"
 
 namespace torch_convgrad::tap_gemm_kernel::DEFAULT {
-
-void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end,
-           int64_t chunk_rows, bool pack_a) {
-  block_impl(args, m_begin, m_end, o_begin, o_end, chunk_rows, pack_a);
-}
 
 void transpose(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows,
                int64_t element_size) {
