@@ -59,6 +59,7 @@ TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -88,6 +89,22 @@ AccVec<T> load_lanes(const T* data) {
     return AccVec<T>::loadu(data);
   }
 }
+
+// A zeroed buffer whose data starts on a cache line, so that the tiles'
+// vector loads at whole-vector offsets never straddle two lines.
+template <typename A>
+class LineAlignedBuffer {
+ public:
+  explicit LineAlignedBuffer(int64_t size) : storage_(size + kLine / sizeof(A), A(0)) {}
+  A* data() {
+    const auto address = reinterpret_cast<std::uintptr_t>(storage_.data());
+    return reinterpret_cast<A*>((address + kLine - 1) & ~static_cast<std::uintptr_t>(kLine - 1));
+  }
+
+ private:
+  static constexpr int64_t kLine = 64;
+  std::vector<A> storage_;
+};
 
 // `count` taps split into tiles of at most `most`, as evenly as possible
 // (9 = 5 + 4 for tiles of 8, not 8 + 1).
@@ -320,9 +337,9 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   const int64_t copies = broadcast ? 1 : group_channels;
   // staged_input[slot][block][copy][pixel][lane]: a block's copies lie together.
   const int64_t block_pitch = copies * input_block_pitch, slot_pitch = blocks * block_pitch;
-  std::vector<A> staged_input(ring[0] * ring[1] * slot_pitch, A(0));
+  LineAlignedBuffer<A> staged_input(ring[0] * ring[1] * slot_pitch);
   std::vector<int64_t> staged_row_of_slot(ring[0] * ring[1]);
-  std::vector<A> staged_grad_output(blocks * dy_block_pitch, A(0));
+  LineAlignedBuffer<A> staged_grad_output(blocks * dy_block_pitch);
   // acc[block][i][tap][lane]
   const int64_t block_taps = group_channels * taps;
   std::vector<A> acc(blocks * block_taps * kLanes, A(0));
@@ -463,9 +480,9 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
   // Zeroed once: every plane writes the same positions. The input planes of
   // a group are staged together, when its first output channel comes.
   const int64_t staged_plane_pitch = s[0] * s[1] * s[2] * phase_pitch;
-  std::vector<A> staged_input(group_channels * staged_plane_pitch, A(0));
+  LineAlignedBuffer<A> staged_input(group_channels * staged_plane_pitch);
   int64_t staged_group = -1;
-  std::vector<A> staged_grad_output(vectors * kLanes, A(0));
+  LineAlignedBuffer<A> staged_grad_output(vectors * kLanes);
 
   std::vector<int64_t> offsets(taps);
   for (int64_t kz = 0, tap = 0; kz < args.kernel[0]; ++kz)
