@@ -54,6 +54,8 @@ TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 
 #ifdef CPU_CAPABILITY
 
+#include "line_aligned_buffer.h"
+
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -64,6 +66,8 @@ TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 #include <vector>
 
 namespace torch_convgrad::depthwise_kernel::CPU_CAPABILITY {
+
+using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 
 // f16/bf16 accumulate in float32, f64 in float64.
 template <typename T>
@@ -89,22 +93,6 @@ AccVec<T> load_lanes(const T* data) {
     return AccVec<T>::loadu(data);
   }
 }
-
-// A zeroed buffer whose data starts on a cache line, so that the tiles'
-// vector loads at whole-vector offsets never straddle two lines.
-template <typename A>
-class LineAlignedBuffer {
- public:
-  explicit LineAlignedBuffer(int64_t size) : storage_(size + kLine / sizeof(A), A(0)) {}
-  A* data() {
-    const auto address = reinterpret_cast<std::uintptr_t>(storage_.data());
-    return reinterpret_cast<A*>((address + kLine - 1) & ~static_cast<std::uintptr_t>(kLine - 1));
-  }
-
- private:
-  static constexpr int64_t kLine = 64;
-  std::vector<A> storage_;
-};
 
 // `count` taps split into tiles of at most `most`, as evenly as possible
 // (9 = 5 + 4 for tiles of 8, not 8 + 1).

@@ -65,6 +65,8 @@ TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
 
 #ifdef CPU_CAPABILITY
 
+#include "line_aligned_buffer.h"
+
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -78,6 +80,8 @@ TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
 #endif
 
 namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY {
+
+using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 
 #ifdef CPU_CAPABILITY_AVX2
 
@@ -206,8 +210,8 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const T* const b_data = static_cast<const T*>(args.b);
   const int64_t slabs = (o_end - o_begin + kTileO - 1) / kTileO;
   const int64_t tiles = (m_end - m_begin + kTileM - 1) / kTileM;
-  std::vector<float> packed_b(slabs * chunk_rows * kTileO);
-  std::vector<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
+  LineAlignedBuffer<float> packed_b(slabs * chunk_rows * kTileO);
+  LineAlignedBuffer<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
   std::vector<const T*> a(tiles * kTileM);        // this chunk's first row of each m in A
   std::vector<const float*> a_tiles(tiles * kTileM);  // the same rows as the tiles read them
   const int64_t first_tap = m_begin / args.channels_a, last_tap = (m_end - 1) / args.channels_a;
