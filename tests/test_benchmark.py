@@ -90,6 +90,25 @@ def test_bench_prints_the_header_table_and_summary(capsys, monkeypatch, algorith
     assert "ratio glue/ours over 6 rows: geomean" in output and "roofline: geomean" in output
 
 
+def test_the_roofline_is_the_higher_of_two_measurements(capsys, monkeypatch):
+    """A ceiling depressed by a noisy neighbour before the cases must not flatter the rows: the
+    second measurement, after them, raises it, and every row's percentage follows."""
+    low = benchmark.Roofline({torch.float32: 1e9}, 1e8)
+    high = benchmark.Roofline({torch.float32: 4e9}, 4e8)
+    measurements = iter([low, high])
+    monkeypatch.setattr(benchmark, "measure_roofline", lambda *args: next(measurements))
+    rows = []
+    monkeypatch.setattr(benchmark, "format_table", lambda table, markdown: rows.extend(table) or "")
+    status = benchmark.main(["--repeats", "1", "--dtypes", "f32", "--layouts", "NXC", "--cases", "2-D"],
+                            cases=TINY_CASES)
+    output = capsys.readouterr().out
+    assert status == 0 and rows
+    assert "roofline measured again after the cases: torch.mm GFLOP/s f32 4.0" in output
+    for row in rows:
+        flops, traffic_bytes, dtype = row.bound
+        assert row.roofline_fraction == pytest.approx(max(flops / 4e9, traffic_bytes / 4e8) / row.ours[0])
+
+
 def test_markdown_table(capsys, fixed_roofline):
     status = benchmark.main(["--repeats", "1", "--dtypes", "bf16", "--layouts", "NCX", "--ops",
                              "conv_transpose_backprop_filters", "--markdown"], cases=TINY_CASES)
