@@ -1,8 +1,9 @@
 // A direct CPU kernel for depthwise convolutions (groups == channels, one
-// filter per channel), which ATen runs slowly on CPU (its bf16 channels-last
-// path by two orders of magnitude). The
-// vectorised kernel (depthwise_kernel.h) is compiled once per CPU capability;
-// this file picks one, splits the work and reduces the partial sums.
+// filter per channel) and groups of a few channels, which ATen runs slowly on
+// CPU (its bf16 channels-last depthwise path by two orders of magnitude, its
+// groups of 2-4 channels at a few GMAC/s). The vectorised kernel
+// (depthwise_kernel.h) is compiled once per CPU capability; this file picks
+// one, splits the work and reduces the partial sums.
 #include "algorithm.h"
 #include "depthwise_kernel.h"
 

@@ -4,10 +4,11 @@
 //   dW[c, i, k] = sum_n sum_j input[n, g(c) + i, j*s - pb + k*d] * grad_output[n, c, j]
 //
 // over three spatial axes, where g(c) is the first channel of c's group and
-// i < group_channels (depthwise: group_channels = 1). The first part of this header is the plain
-// interface that depthwise.cpp calls; the second, compiled only by the
-// per-capability translation units (depthwise_kernel_avx2.cpp,
-// depthwise_kernel_default.cpp, which define CPU_CAPABILITY), is the kernel.
+// i < group_channels (depthwise: group_channels = 1). The first part of this
+// header is the plain interface that depthwise.cpp calls; the second,
+// compiled only by the per-capability translation units
+// (depthwise_kernel_avx2.cpp, depthwise_kernel_default.cpp, which define
+// CPU_CAPABILITY), is the kernel.
 #pragma once
 
 #include <cstdint>
@@ -34,8 +35,9 @@ struct Args {
 // [channel - channel_begin][i][tap], as float (double for Dtype::Double).
 //
 // channels_last vectorises over channels and needs channel stride 1 in both
-// tensors (NXC), and channel_begin a multiple of the lanes. channels_first vectorises along the last spatial axis; it
-// takes any strides and is fast when that axis has stride 1 (NCX).
+// tensors (NXC), and channel_begin a multiple of the lanes. channels_first
+// vectorises along the last spatial axis; it takes any strides and is fast
+// when that axis has stride 1 (NCX).
 #define TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS                                                      \
   void channels_last(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,  \
                      int64_t channel_end, void* result);                                                \
