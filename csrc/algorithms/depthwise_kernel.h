@@ -77,7 +77,6 @@ using acc_type = std::conditional_t<std::is_same_v<T, double>, double, float>;
 template <typename T>
 using AccVec = at::vec::Vectorized<acc_type<T>>;
 
-
 inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
 // AccVec<T>::size() elements of `data` as accumulation-type lanes.
@@ -155,8 +154,8 @@ void stage_phases(const T* source, int64_t element_stride, int64_t size, int64_t
 }
 
 // Prefetches (into L2) part `part` of `parts` of the bytes [begin, begin + bytes):
-// the kernels stage data in bursts and fetch the next burst's data piecewise
-// while computing on the current one, so that memory reads overlap the FMAs.
+// the channels-first kernel stages planes in bursts and fetches the next
+// plane piecewise while computing on the current one, so that memory reads overlap the FMAs.
 inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_t parts) {
   constexpr int64_t kLine = 64;
   const char* data = static_cast<const char*>(begin);
@@ -471,7 +470,6 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
   // a group are staged together, when its first output channel comes.
   const int64_t staged_plane_pitch = s[0] * s[1] * s[2] * phase_pitch;
   LineAlignedBuffer<A> staged_input(group_channels * staged_plane_pitch);
-  int64_t staged_group = -1;
   LineAlignedBuffer<A> staged_grad_output(vectors * kLanes);
 
   std::vector<int64_t> offsets(taps);
@@ -512,10 +510,11 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
   };
 
   for (int64_t n = sample_begin; n < sample_end; ++n) {
+    int64_t staged_group = -1;  // of this sample
     for (int64_t c = channel_begin; c < channel_end; ++c) {
       const int64_t group = c / group_channels;
-      if (staged_group != n * channel_end + group) {
-        staged_group = n * channel_end + group;
+      if (staged_group != group) {
+        staged_group = group;
         for (int64_t i = 0; i < group_channels; ++i)
           stage_plane(input + n * x_strides[0] + (group * group_channels + i) * x_strides[1],
                       staged_input.data() + i * staged_plane_pitch);

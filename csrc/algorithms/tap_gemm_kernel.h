@@ -146,7 +146,6 @@ inline TileFn pick_tile(int64_t height, int64_t width) {
   return kTiles[height - 1][variant];
 }
 
-
 // One element as float32. F16C converts a half in one instruction where
 // c10::Half's portable conversion takes a dozen.
 template <typename T>
