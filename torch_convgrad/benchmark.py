@@ -342,26 +342,23 @@ class Row:
     glue: tuple  # (median seconds, spread fraction)
     ours: tuple
     gflops: float
-    roofline_fraction: float
     algorithm: Optional[str]
     bound: tuple  # (FLOPs, bytes, dtype): what Roofline.seconds bounds the row by
+    roofline_fraction: float = math.nan  # set once the run's ceiling is known, after every case
 
     @property
     def ratio(self) -> float:
         return self.glue[0] / self.ours[0]
 
 
-def benchmark_problem(problem: Problem, roofline: Roofline, repeats: int, block_seconds: float,
-                      device: torch.device) -> Row:
+def benchmark_problem(problem: Problem, repeats: int, block_seconds: float, device: torch.device) -> Row:
     times = time_interleaved({"glue": problem.glue, "ours": problem.ours}, repeats, block_seconds, device)
     glue, ours = median_and_spread(times["glue"]), median_and_spread(times["ours"])
     # The ours block ran last, so this names the algorithm of the timed calls.
     algorithm = torch_convgrad.last_algorithm()
     flops = 2 * problem.case.macs
-    roofline_seconds = roofline.seconds(flops, problem.traffic_bytes, problem.dtype)
     return Row(problem.case.name, problem.op, problem.layout, _dtype_name(problem.dtype), glue, ours,
-               flops / ours[0] / 1e9, roofline_seconds / ours[0], algorithm,
-               (flops, problem.traffic_bytes, problem.dtype))
+               flops / ours[0] / 1e9, algorithm, (flops, problem.traffic_bytes, problem.dtype))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -560,7 +557,7 @@ def main(argv: Optional[Sequence[str]] = None, cases: Optional[Sequence[Case]] =
                         mismatches.append(f"MISMATCH {case.name} {op} {layout} {_dtype_name(dtype)}: {mismatch}")
                         print(mismatches[-1], flush=True)
                         continue
-                    rows.append(benchmark_problem(problem, roofline, repeats, block_seconds, device))
+                    rows.append(benchmark_problem(problem, repeats, block_seconds, device))
     if not rows:
         print("nothing timed: " + ("every result mismatched" if mismatches else "no case has one of --ops"),
               file=sys.stderr)
