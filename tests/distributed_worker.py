@@ -186,17 +186,17 @@ def main():
     dist.init_process_group("gloo")
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    # As on a torch whose DTensor cannot rewrite per-rank arguments: channel shards are then
-    # redistributed, with the same values.
     if "--compile" in sys.argv:
         check_compiled(mesh)
         dist.destroy_process_group()
         print("all cases passed", flush=True)
         return
-    without_adjusters = "--without-argument-adjusters" in sys.argv
-    if without_adjusters:
-        from torch_convgrad import _dtensor
+    # Where DTensor cannot rewrite per-rank arguments (torch before 2.13, or as if so with the
+    # flag), channel shards are redistributed, with the same values.
+    from torch_convgrad import _dtensor
+    if "--without-argument-adjusters" in sys.argv:
         _dtensor._adjusts_arguments = False
+    without_adjusters = not _dtensor._adjusts_arguments
     for op_name, data_format, filter_format, groups, placements, expected, tag in one_dimensional_cases(world):
         channel_sharded = any(isinstance(p, Shard) and p.dim != 0 for pair in placements for p in pair)
         if without_adjusters and channel_sharded:
@@ -217,4 +217,9 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main() or 0
+    sys.stdout.flush()
+    # Leave without interpreter finalization: there, on torch 2.11, gloo's threads now and then
+    # abort a rank ("terminate called without an active exception", about 1 run in 10) after
+    # every check has passed and the process group is destroyed.
+    os._exit(status)

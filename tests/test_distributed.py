@@ -56,7 +56,10 @@ def run_ranks(world_size, script):
 def test_every_placement_matches_one_process(world_size):
     output = run_ranks(world_size, [str(ROOT / "tests" / "distributed_worker.py")])
     assert "all cases passed" in output
-    assert output.count("collectives forward 0, backward 0") >= 20, output
+    # Channel shards run without collectives only where DTensor rewrites each rank's arguments
+    # (torch 2.13 and later); before, only the 12 batch-sharded cases do.
+    from torch_convgrad import _dtensor
+    assert output.count("collectives forward 0, backward 0") >= (20 if _dtensor._adjusts_arguments else 12), output
 
 
 def test_without_argument_adjusters_channel_shards_are_redistributed():
