@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: deps build run test test-torch-2.14 fuzz sanitize bench
+.PHONY: deps build run test fuzz sanitize bench
 
 deps:
 	PYTHON=$(PYTHON) bash scripts/install_deps.sh
@@ -19,10 +19,17 @@ test: build
 fuzz: build
 	$(PYTHON) -m pytest tests/test_fuzz.py --hypothesis-profile=fuzz --hypothesis-show-statistics
 
-# The suite on torch 2.14.1 (a CUDA build, so the CUDA kernels are linked too),
-# in its own venv under build/ and its own copy of the tree.
-test-torch-2.14:
-	PYTHON=$(PYTHON) bash scripts/test_other_torch.sh 2.14.1
+# The suite on another supported torch release, in its own venv under build/
+# and its own copy of the tree: make test-torch-2.11.0 (and so on). PyPI's
+# wheels of these are CUDA builds, so the CUDA kernels are linked too. 2.14.1
+# lies on this project's machines' disk; 2.11.0 and 2.12.1 are downloaded
+# (about 3 GB each).
+TORCH_RELEASES := 2.11.0 2.12.1 2.14.1
+TORCH_TARGETS := $(addprefix test-torch-,$(TORCH_RELEASES))
+.PHONY: $(TORCH_TARGETS) test-torch-2.14
+$(TORCH_TARGETS): test-torch-%:
+	PYTHON=$(PYTHON) bash scripts/test_other_torch.sh $*
+test-torch-2.14: test-torch-2.14.1
 
 # The error, edge-case, sweep and algorithm tests on an ASan+UBSan build (its own tree under build/).
 sanitize: deps
