@@ -90,9 +90,12 @@ def test_gemm_results_outlive_its_scratch_buffers(data_format):
 # stride, dilation and asymmetric pads move the padding both kernels stage.
 # 37 and 36 channels leave a partial vector of lanes; groups of 8 f32
 # channels fill one, which the channels-last kernel broadcasts lane by lane.
+# Channels-first depthwise data goes through the channels-last kernel, which
+# transposes it as it stages it (rows of 4 to 13 pixels: whole, overlapping
+# and element-wise transposes), unless it has fewer channels than lanes (4).
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("channels,groups", [(32, 32), (37, 37), (36, 18), (32, 8), (40, 5)])
+@pytest.mark.parametrize("channels,groups", [(32, 32), (37, 37), (4, 4), (36, 18), (32, 8), (40, 5)])
 @pytest.mark.parametrize("kernel,stride,dilation,pads", [
     (3, 1, 1, (1, 1)), (3, 2, 1, (0, 1)), (5, 3, 1, (2, 0)), (7, 1, 2, (5, 3)), (4, 2, 3, (3, 2)), (9, 1, 1, (8, 0))])
 def test_depthwise_and_grouped_kernels(channels, groups, kernel, stride, dilation, pads, dtype, data_format):

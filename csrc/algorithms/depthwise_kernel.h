@@ -34,10 +34,11 @@ struct Args {
 // summed over samples [sample_begin, sample_end) to `result`, laid out
 // [channel - channel_begin][i][tap], as float (double for Dtype::Double).
 //
-// channels_last vectorises over channels and needs channel stride 1 in both
-// tensors (NXC), and channel_begin a multiple of the lanes. channels_first
-// vectorises along the last spatial axis; it takes any strides and is fast
-// when that axis has stride 1 (NCX).
+// channels_last vectorises over channels. It is fast on channel stride 1
+// (NXC); depthwise channels-first data (NCX) it transposes as it stages it,
+// fast where the last spatial axis has stride 1. Groups of several channels
+// need channel stride 1. channels_first vectorises along the last spatial
+// axis; it takes any strides and is fast when that axis has stride 1 (NCX).
 #define TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS                                                      \
   void channels_last(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,  \
                      int64_t channel_end, void* result);                                                \
@@ -166,8 +167,9 @@ inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_
 // ---------------------------------------------------------------------------
 // channels_last: lanes are channels, one vector of them (a block) at a time.
 // Input and grad_output rows are staged block by block, staged[block][pixel]
-// [lane], converted to the accumulation type and with the input's padding as
-// zero pixels: a block's rows are then short contiguous runs that stay in L1
+// [lane] (transposed from channels-first data), converted to the
+// accumulation type and with the input's padding as zero pixels: a block's
+// rows are then short contiguous runs that stay in L1
 // across all its taps, no window needs a bounds check, and memory is read
 // once, in address order. Each input row is staged once and kept in a ring
 // while the output rows that read it pass; the hardware prefetchers follow
@@ -250,14 +252,58 @@ at::vec::Vectorized<A> group_channel(const at::vec::Vectorized<A>& lanes, int64_
   return Vec::loadu(target);
 }
 
-// Stages `pixels` pixels of `channels` channels from `source` into blocks
-// `block_pitch` apart, starting at pixel `first_pixel` of each block. With
-// groups of several channels, copy i (`copy_pitch` after the first) holds in
-// each channel's lane the i-th input channel of its group.
+// Stages channels-first data the same way: channel c of pixel w is
+// source[c * channel_stride + w * pixel_stride]. Unit-stride rows go through
+// kLanes x kLanes register transposes; the rest element by element.
+// Depthwise only (no group copies).
 template <typename T, typename A = acc_type<T>>
-void stage_channels(const T* source, int64_t pixel_stride, int64_t channels, int64_t pixels, int64_t first_pixel,
-                    int64_t block_pitch, A* staged, int64_t group_channels = 1, int64_t copy_pitch = 0) {
+void stage_transposed(const T* source, int64_t channel_stride, int64_t pixel_stride, int64_t channels,
+                      int64_t pixels, A* staged, int64_t block_pitch) {
+  constexpr int kLanes = AccVec<T>::size();
+  int64_t c0 = 0;
+  if (pixel_stride == 1)
+    for (; c0 + kLanes <= channels; c0 += kLanes) {
+      const T* rows = source + c0 * channel_stride;
+      A* block = staged + c0 / kLanes * block_pitch;
+      const auto transpose = [&](int64_t w) {  // pixels [w, w + kLanes)
+        if constexpr (std::is_same_v<T, A>) {
+          at::vec::transpose_mxn<A, kLanes, kLanes>(rows + w, channel_stride, block + w * kLanes, kLanes);
+        } else {
+          alignas(64) A converted[kLanes * kLanes];
+          for (int i = 0; i < kLanes; ++i) load_lanes(rows + i * channel_stride + w).store(converted + i * kLanes);
+          at::vec::transpose_mxn<A, kLanes, kLanes>(converted, kLanes, block + w * kLanes, kLanes);
+        }
+      };
+      int64_t w = 0;
+      for (; w + kLanes <= pixels; w += kLanes) transpose(w);
+      // A partial last tile is the row's last kLanes pixels again, overlapping.
+      if (w < pixels && pixels >= kLanes) transpose(pixels - kLanes);
+      else
+        for (; w < pixels; ++w)
+          for (int i = 0; i < kLanes; ++i) block[w * kLanes + i] = static_cast<A>(rows[i * channel_stride + w]);
+    }
+  for (int64_t c = c0; c < channels; ++c)
+    for (int64_t w = 0; w < pixels; ++w)
+      staged[c / kLanes * block_pitch + w * kLanes + c % kLanes] =
+          static_cast<A>(source[c * channel_stride + w * pixel_stride]);
+}
+
+// Stages `pixels` pixels of `channels` channels from `source` (channel c of
+// pixel w at source[c * channel_stride + w * pixel_stride]) into blocks
+// `block_pitch` apart, starting at pixel `first_pixel` of each block. With
+// groups of several channels (channel_stride 1 only), copy i (`copy_pitch`
+// after the first) holds in each channel's lane the i-th input channel of
+// its group.
+template <typename T, typename A = acc_type<T>>
+void stage_channels(const T* source, int64_t channel_stride, int64_t pixel_stride, int64_t channels, int64_t pixels,
+                    int64_t first_pixel, int64_t block_pitch, A* staged, int64_t group_channels = 1,
+                    int64_t copy_pitch = 0) {
   constexpr int64_t kLanes = AccVec<T>::size();
+  if (channel_stride != 1) {
+    stage_transposed(source, channel_stride, pixel_stride, channels, pixels, staged + first_pixel * kLanes,
+                     block_pitch);
+    return;
+  }
   for (int64_t w = 0; w < pixels; ++w, source += pixel_stride) {
     A* pixel = staged + (first_pixel + w) * kLanes;
     int64_t c = 0;
@@ -299,10 +345,10 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
                         int64_t channel_end, acc_type<T>* result) {
   using A = acc_type<T>;
   constexpr int64_t kLanes = AccVec<T>::size();
-  const T* input = static_cast<const T*>(args.input) + channel_begin;
-  const T* grad_output = static_cast<const T*>(args.grad_output) + channel_begin;
   const int64_t* x_strides = args.input_strides;
   const int64_t* dy_strides = args.grad_output_strides;
+  const T* input = static_cast<const T*>(args.input) + channel_begin * x_strides[1];
+  const T* grad_output = static_cast<const T*>(args.grad_output) + channel_begin * dy_strides[1];
   const int64_t channels = channel_end - channel_begin;
   const int64_t blocks = (channels + kLanes - 1) / kLanes;
   const int64_t taps = args.kernel[0] * args.kernel[1] * args.kernel[2];
@@ -350,16 +396,16 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
     std::fill(staged_row_of_slot.begin(), staged_row_of_slot.end(), -1);
     for (int64_t y0 = 0; y0 < args.out[0]; ++y0) {
       for (int64_t y1 = 0; y1 < args.out[1]; ++y1) {
-        stage_channels(grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3], dy_strides[4],
-                       channels, windows, 0, dy_block_pitch, staged_grad_output.data());
+        stage_channels(grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3], dy_strides[1],
+                       dy_strides[4], channels, windows, 0, dy_block_pitch, staged_grad_output.data());
         input_rows_of(args, y0, y1, reads);
         staged_rows.clear();
         for (const RowRead& read : reads) {
           const int64_t slot = (read.iz % ring[0]) * ring[1] + read.iy % ring[1];
           A* staged = staged_input.data() + slot * slot_pitch;
           if (staged_row_of_slot[slot] != read.iz * args.in[1] + read.iy) {
-            stage_channels(input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3], x_strides[4],
-                           channels, input_pixels, args.pad_begin[2], block_pitch, staged, copies,
+            stage_channels(input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3], x_strides[1],
+                           x_strides[4], channels, input_pixels, args.pad_begin[2], block_pitch, staged, copies,
                            input_block_pitch);
             staged_row_of_slot[slot] = read.iz * args.in[1] + read.iy;
           }
