@@ -253,15 +253,16 @@ at::vec::Vectorized<A> group_channel(const at::vec::Vectorized<A>& lanes, int64_
 }
 
 // Stages channels-first data the same way: channel c of pixel w is
-// source[c * channel_stride + w * pixel_stride]. Unit-stride rows go through
-// kLanes x kLanes register transposes; the rest element by element.
-// Depthwise only (no group copies).
+// source[c * channel_stride + w * pixel_stride]. Whole vectors of channels
+// along unit-stride rows of at least kLanes pixels go through kLanes x kLanes
+// register transposes; the rest element by element. Depthwise only (no group
+// copies).
 template <typename T, typename A = acc_type<T>>
 void stage_transposed(const T* source, int64_t channel_stride, int64_t pixel_stride, int64_t channels,
                       int64_t pixels, A* staged, int64_t block_pitch) {
   constexpr int kLanes = AccVec<T>::size();
-  int64_t c0 = 0;
-  if (pixel_stride == 1)
+  int64_t c0 = 0;  // the channels staged by transposes
+  if (pixel_stride == 1 && pixels >= kLanes)
     for (; c0 + kLanes <= channels; c0 += kLanes) {
       const T* rows = source + c0 * channel_stride;
       A* block = staged + c0 / kLanes * block_pitch;
@@ -277,10 +278,7 @@ void stage_transposed(const T* source, int64_t channel_stride, int64_t pixel_str
       int64_t w = 0;
       for (; w + kLanes <= pixels; w += kLanes) transpose(w);
       // A partial last tile is the row's last kLanes pixels again, overlapping.
-      if (w < pixels && pixels >= kLanes) transpose(pixels - kLanes);
-      else
-        for (; w < pixels; ++w)
-          for (int i = 0; i < kLanes; ++i) block[w * kLanes + i] = static_cast<A>(rows[i * channel_stride + w]);
+      if (w < pixels) transpose(pixels - kLanes);
     }
   for (int64_t c = c0; c < channels; ++c)
     for (int64_t w = 0; w < pixels; ++w)
