@@ -1,13 +1,5 @@
 // The depthwise kernel for AVX2 + FMA + F16C machines, compiled the way ATen
 // compiles its per-capability kernels: at::vec::Vectorized is 256-bit here.
-#pragma GCC target("avx2,fma,f16c")
-#define CPU_CAPABILITY AVX2
-#define CPU_CAPABILITY_AVX2
-// GCC's target pragma does not define the ISA macros in C++, and sleef.h
-// (through vec.h) declares its 256-bit functions only under them.
-#define __AVX__ 1
-#define __AVX2__ 1
-#define __FMA__ 1
-#define __F16C__ 1
+#include "avx2_target.h"
 
 #include "depthwise_kernel.h"  // defines this capability's entry points

@@ -1,14 +1,6 @@
 // The tap-product kernel for AVX2 + FMA + F16C machines, compiled the way ATen
 // compiles its per-capability kernels.
-#pragma GCC target("avx2,fma,f16c")
-#define CPU_CAPABILITY AVX2
-#define CPU_CAPABILITY_AVX2
-// GCC's target pragma does not define the ISA macros in C++, and the
-// intrinsics headers pulled in by other includes may test them.
-#define __AVX__ 1
-#define __AVX2__ 1
-#define __FMA__ 1
-#define __F16C__ 1
+#include "avx2_target.h"
 
 #include "tap_gemm_kernel.h"
 
