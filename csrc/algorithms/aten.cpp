@@ -97,22 +97,46 @@ at::Tensor channels_last_copy(const at::Tensor& ncx) {
   return ncx.permute(to_nxc).contiguous().permute(to_ncx);
 }
 
-at::Tensor run_aten(const Problem& problem, at::Tensor input, at::Tensor grad_output,
-                    c10::IntArrayRef memory_to_ncx) {
-  // Drop the trailing input no window reaches, then pad: the part of the pads
-  // that is equal on both sides goes to ATen as `padding` (no copy); only an
-  // asymmetric excess is materialised.
+// The canonical weight gradient from one ATen call: `input` and `grad_output`
+// are NCX views of the problem's data or of a copy, with memory ordered by
+// `memory_to_ncx`.
+at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor grad_output,
+                          c10::IntArrayRef memory_to_ncx) {
+  // ATen pads both sides alike. Where `pad_begin` on both sides gives the
+  // problem's windows, that is its padding, and nothing is copied. Otherwise
+  // the part of the pads that is equal on both sides goes to ATen as
+  // `padding`, and only an asymmetric excess is materialised.
+  //
+  // Input that no window reaches is dropped on CPU: oneDNN reordered a 1-D
+  // input with unused trailing elements into a buffer 8 times its size. cuDNN
+  // gets it as given, as from the glue, since a narrowed view costs it a
+  // contiguous copy (0.5-0.7x of the glue for ResNet-50's stride-2 1x1 layer
+  // on an H100).
+  const bool keep_unreached_input = input.is_cuda();
   const auto reach = problem.window_reach();
   const int64_t rank = problem.spatial_rank();
   std::vector<c10::SymInt> padding(rank), excess_begin(rank), excess_end(rank);
   bool padding_only_tap = false;
   for (int64_t axis = 0; axis < rank; ++axis) {
-    const c10::SymInt used = input.sym_size(2 + axis).min(reach[axis] - problem.pad_begin[axis]);
-    if (used != input.sym_size(2 + axis)) input = input.narrow_symint(2 + axis, 0, used);
-    const c10::SymInt pad_end = reach[axis] - problem.pad_begin[axis] - used;
-    padding[axis] = problem.pad_begin[axis].min(pad_end);
-    excess_begin[axis] = problem.pad_begin[axis] - padding[axis];
-    excess_end[axis] = pad_end - padding[axis];
+    const c10::SymInt& pad_begin = problem.pad_begin[axis];
+    const c10::SymInt size = input.sym_size(2 + axis);
+    const c10::SymInt used = size.min(reach[axis] - pad_begin);  // the input windows read
+    // ATen makes reach windows from reach - 2 * pad_begin input elements, and
+    // from up to stride - 1 more.
+    const c10::SymInt fewest = reach[axis] - pad_begin * 2;
+    const c10::SymInt most = fewest + problem.stride[axis] - 1;
+    if (size >= fewest && most >= used) {
+      const c10::SymInt kept = keep_unreached_input ? size.min(most) : used;
+      if (kept != size) input = input.narrow_symint(2 + axis, 0, kept);
+      padding[axis] = pad_begin;
+      excess_begin[axis] = excess_end[axis] = 0;
+    } else {
+      if (used != size) input = input.narrow_symint(2 + axis, 0, used);
+      const c10::SymInt pad_end = reach[axis] - pad_begin - used;
+      padding[axis] = pad_begin.min(pad_end);
+      excess_begin[axis] = pad_begin - padding[axis];
+      excess_end[axis] = pad_end - padding[axis];
+    }
     padding_only_tap |= has_padding_only_tap(used.expect_int(), problem.pad_begin[axis].expect_int(),
                                              grad_output.sym_size(2 + axis).expect_int(),
                                              problem.kernel_size[axis].expect_int(), problem.stride[axis],
@@ -154,8 +178,12 @@ at::Tensor run_aten(const Problem& problem, at::Tensor input, at::Tensor grad_ou
   at::Tensor canonical = std::get<1>(at::convolution_backward_symint(
       grad_output, input, weight, std::nullopt, stride, padding, dilation, /*transposed=*/false,
       std::vector<c10::SymInt>(stride.size(), 0), problem.groups, {false, true, false}));
-  if (lift_to_2d) canonical = canonical.squeeze(2);
-  return problem.finish(canonical);
+  return lift_to_2d ? canonical.squeeze(2) : canonical;
+}
+
+at::Tensor run_aten(const Problem& problem, const at::Tensor& input, const at::Tensor& grad_output,
+                    c10::IntArrayRef memory_to_ncx) {
+  return problem.finish(aten_canonical(problem, input, grad_output, memory_to_ncx));
 }
 
 bool is_channels_last(const at::Tensor& ncx) { return ncx.dim() < 3 || ncx.stride(1) == 1 || ncx.size(1) == 1; }
@@ -172,10 +200,8 @@ bool not_yet_channels_last(const Problem& problem) {
 // on NCX, 1.5 times that with 256 channels a side, 15% less in 3-D; 1x1 at
 // 60 (NXC) and 34 (NCX), 25 with strides; depthwise at about 3 GB/s. bf16 runs
 // about 15% slower (half speed in 3-D NCX); f16/bf16 without a native backend
-// pay a float32 conversion. On AVX-512 CPUs oneDNN and, on GPUs, cuDNN run
-// much faster on channels-last data (issue 7's H100 figures: NCX against
-// NHWC, f32 1x1 2.0x, f32 depthwise 4.4x, bf16 3x3 2.3x, bf16 1x1 4.6x, bf16
-// depthwise 6.1x).
+// pay a float32 conversion. On AVX-512 CPUs oneDNN runs much faster on
+// channels-last data (3x3 2.1x, 1x1 4x, depthwise 7.5x, issue 7).
 //
 // 1x1 on NXC data slows down with many channel pairs: 25-46 GMAC/s from 256 x
 // 1024 pairs per group up (ResNet-50's 14x14 and 7x7 bottlenecks, 2 threads),
@@ -190,12 +216,17 @@ double estimated_seconds(const Problem& problem, const Geometry& g, bool channel
   const int64_t element_size = problem.input.element_size();
   const double copy_bytes = channels_last && not_yet_channels_last(problem) ? g.data_bytes(element_size) * 2 : 0;
   if (problem.input.is_cuda()) {
-    const double layout_penalty =
-        channels_last || is_channels_last(problem.input)
-            ? 1.0
-            : (depthwise ? (reduced ? 6.1 : 4.4) : pointwise ? (reduced ? 4.6 : 2.0) : (reduced ? 2.3 : 1.0));
-    const double macs_per_second = reduced ? 2e14 : 2.5e13;
-    return 20e-6 + copy_bytes / 2e12 + layout_penalty * g.macs() / macs_per_second;
+    // cuDNN with torch 2.11 on an H100, the benchmark's layers at batch 64
+    // (2026-11-23): the channels-last copy moved about 0.4 TB/s (bytes read
+    // and written) and lost on every NCX layer, 0.2-0.9x of cuDNN in place,
+    // but f16/bf16 depthwise with a 7x7 kernel. There NHWC read the data at
+    // 0.6 TB/s, NCX ran 10 times slower, and the copy won 4.2x; with 3x3
+    // kernels NCX ran 2-6 times slower and the copy did not pay.
+    const bool slow_in_place = depthwise && reduced && g.taps() >= 25 && !is_channels_last(problem.input);
+    const double layout_penalty = slow_in_place && !channels_last ? 10.0 : 1.0;
+    const double base_seconds =
+        depthwise ? g.data_bytes(element_size) / 0.6e12 : g.macs() / (reduced ? 1e14 : 5e13);
+    return 20e-6 + copy_bytes / 0.4e12 + layout_penalty * base_seconds;
   }
   static const bool avx512 = at::get_cpu_capability().rfind("AVX512", 0) == 0;
   const bool nxc = channels_last || is_channels_last(problem.input);
