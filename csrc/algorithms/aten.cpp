@@ -12,8 +12,10 @@
 #include <ATen/Version.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <limits>
 
 namespace torch_convgrad {
 namespace {
@@ -181,9 +183,47 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
   return lift_to_2d ? canonical.squeeze(2) : canonical;
 }
 
+// ATen's CUDA convolutions index a sample's data with 32 bits: they keep such
+// problems from cuDNN, and their fallbacks can fault past that
+// (pytorch/pytorch#117736). A problem whose sample is larger is computed in
+// two pieces of its windows along its longest output axis, recursively, and
+// the pieces' gradients summed in float32. Each piece reads the input its
+// windows reach, with the padding before it that they meet.
+at::Tensor canonical_in_pieces(const Problem& problem, const at::Tensor& input, const at::Tensor& grad_output,
+                               c10::IntArrayRef memory_to_ncx) {
+  constexpr int64_t kLargestSample = std::numeric_limits<int32_t>::max();
+  const int64_t batch = input.size(0);
+  const bool too_large = batch > 0 && std::max(input.numel(), grad_output.numel()) / batch > kLargestSample;
+  int64_t axis = 0;
+  for (int64_t other = 1; other < problem.spatial_rank(); ++other)
+    if (grad_output.size(2 + other) > grad_output.size(2 + axis)) axis = other;
+  const int64_t windows = grad_output.size(2 + axis);
+  if (!too_large || windows < 2) return aten_canonical(problem, input, grad_output, memory_to_ncx);
+
+  const int64_t stride = problem.stride[axis];
+  const int64_t pad_begin = problem.pad_begin[axis].expect_int();
+  const int64_t window_extent = problem.dilated_kernel_size(axis).expect_int();
+  at::Tensor sum;
+  for (const int64_t first : {int64_t{0}, windows / 2}) {
+    const int64_t count = first == 0 ? windows / 2 : windows - windows / 2;
+    const int64_t start = first * stride - pad_begin;  // the piece's first input position
+    const int64_t begin = std::max<int64_t>(start, 0);
+    const int64_t end = std::min(input.size(2 + axis), start + (count - 1) * stride + window_extent);
+    if (end <= begin) continue;  // windows on padding alone add nothing
+    Problem piece = problem;
+    piece.input = input.narrow(2 + axis, begin, end - begin);
+    piece.grad_output = grad_output.narrow(2 + axis, first, count);
+    piece.pad_begin[axis] = begin - start;
+    const at::Tensor part =
+        canonical_in_pieces(piece, piece.input, piece.grad_output, memory_to_ncx).to(at::kFloat);
+    sum = sum.defined() ? sum.add_(part) : part;
+  }
+  return sum.defined() ? sum : at::zeros_symint(problem.canonical_shape(), input.options().dtype(at::kFloat));
+}
+
 at::Tensor run_aten(const Problem& problem, const at::Tensor& input, const at::Tensor& grad_output,
                     c10::IntArrayRef memory_to_ncx) {
-  return problem.finish(aten_canonical(problem, input, grad_output, memory_to_ncx));
+  return problem.finish(canonical_in_pieces(problem, input, grad_output, memory_to_ncx));
 }
 
 bool is_channels_last(const at::Tensor& ncx) { return ncx.dim() < 3 || ncx.stride(1) == 1 || ncx.size(1) == 1; }
