@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: deps build run test fuzz sanitize bench
+.PHONY: deps build run test fuzz sanitize bench gpu-check
 
 deps:
 	PYTHON=$(PYTHON) bash scripts/install_deps.sh
@@ -37,3 +37,10 @@ sanitize: deps
 
 bench: build
 	PYTHONPATH=. $(PYTHON) benchmarks/bench_weight_gradient.py
+
+# On a GPU machine: build, the suite's CUDA cases and the CUDA benchmark, each step time-limited
+# and logged under OUT (failures' tracebacks as they happen); no install step, since lent
+# machines are offline. See scripts/gpu_check.sh.
+OUT ?= build/gpu-check
+gpu-check:
+	PYTHON=$(PYTHON) bash scripts/gpu_check.sh $(OUT)

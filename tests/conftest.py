@@ -6,6 +6,7 @@ package would load ``torch_convgrad._C``).  Test modules use ``from conftest imp
 """
 
 import importlib.util
+import os
 import pathlib
 import sys
 
@@ -18,6 +19,18 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("suite", max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("fuzz", max_examples=20_000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
+
+# TORCH_CONVGRAD_FAILURE_LOG=PATH appends each failure's traceback to PATH as it happens, so that
+# a run stopped by a time limit (a lent GPU machine's call) still says why its failures failed.
+# Under pytest-xdist the controller writes it, from the reports its workers send.
+_FAILURE_LOG = os.environ.get("TORCH_CONVGRAD_FAILURE_LOG")
+
+
+def pytest_runtest_logreport(report):
+    if _FAILURE_LOG and report.failed and "PYTEST_XDIST_WORKER" not in os.environ:
+        with open(_FAILURE_LOG, "a") as log:
+            log.write(f"=== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
+
 
 # The devices the device-generic tests run on; CUDA is skipped, with the reason, where absent.
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
