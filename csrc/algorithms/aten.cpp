@@ -123,8 +123,8 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
     const c10::SymInt& pad_begin = problem.pad_begin[axis];
     const c10::SymInt size = input.sym_size(2 + axis);
     const c10::SymInt used = size.min(reach[axis] - pad_begin);  // the input windows read
-    // ATen makes reach windows from reach - 2 * pad_begin input elements, and
-    // from up to stride - 1 more.
+    // With pad_begin on both sides, ATen makes the problem's windows from
+    // reach - 2 * pad_begin input elements, or up to stride - 1 more.
     const c10::SymInt fewest = reach[axis] - pad_begin * 2;
     const c10::SymInt most = fewest + problem.stride[axis] - 1;
     if (size >= fewest && most >= used) {
