@@ -77,8 +77,13 @@ def test_compiled_on_dtensors_matches_eager():
     assert "all cases passed" in output and output.count("ok compiled") == 3, output
 
 
-def test_ddp_example_matches_plain_autograd():
-    output = run_ranks(2, [str(ROOT / "examples" / "ddp_weight_gradient.py")])
+def test_ddp_example_matches_plain_autograd(tmp_path):
+    # The example runs as written; the wrapper then leaves as distributed_worker.py does, since
+    # gloo's threads now and then abort a rank at interpreter shutdown (torch 2.11, 2.14).
+    wrapper = tmp_path / "run_example.py"
+    wrapper.write_text("import os, runpy, sys\nrunpy.run_path(sys.argv[1], run_name='__main__')\n"
+                       "sys.stdout.flush()\nos._exit(0)\n")
+    output = run_ranks(2, [str(wrapper), str(ROOT / "examples" / "ddp_weight_gradient.py")])
     assert "matches plain autograd on every rank" in output, output
 
 
