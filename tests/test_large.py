@@ -16,7 +16,7 @@ import torch
 
 import torch_convgrad
 
-from conftest import DEVICES
+from conftest import DEVICES, ROOT
 
 LENGTH = 2**31 + 2**20  # one batch, one channel, 1-D
 STRETCHES = [range(0, 2**20), range(2**30 - 2**20, 2**30 + 2**20), range(2**31 - 2**20, LENGTH)]  # nonzero
@@ -49,9 +49,9 @@ def test_input_over_two_to_the_31_elements(device, geometry):
     # In a child process: ATen's CUDA convolutions have faulted past 2**31 elements
     # (pytorch/pytorch#117736), and a fault here would otherwise fail every later CUDA call
     # of this test process, not this test alone.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     child = subprocess.run([sys.executable, __file__, device, *map(str, geometry)], capture_output=True, text=True,
-                           env=dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])))
+                           env=dict(os.environ, PYTHONPATH=path))
     assert child.returncode == 0, f"exit {child.returncode}:\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}"
 
 
