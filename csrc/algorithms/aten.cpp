@@ -139,7 +139,7 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
       excess_begin[axis] = pad_begin - padding[axis];
       excess_end[axis] = pad_end - padding[axis];
     }
-    padding_only_tap |= has_padding_only_tap(used.expect_int(), problem.pad_begin[axis].expect_int(),
+    padding_only_tap |= has_padding_only_tap(used.expect_int(), pad_begin.expect_int(),
                                              grad_output.sym_size(2 + axis).expect_int(),
                                              problem.kernel_size[axis].expect_int(), problem.stride[axis],
                                              problem.dilation[axis]);
