@@ -64,11 +64,15 @@ bool has_padding_only_tap(int64_t size, int64_t pad_begin, int64_t windows, int6
 }
 
 // Whether ATen's backend for this convolution accumulates f16/bf16 in float32
-// (cuDNN, oneDNN, MIOpen and the CUDA depthwise kernels do); its slow paths
-// add each sample's product into the low-precision result.
+// (cuDNN, oneDNN, MIOpen and the CUDA depthwise kernels do) and is worth
+// taking them as they are; its slow paths add each sample's product into the
+// low-precision result. oneDNN's f16 weight gradient is not: on a Sapphire
+// Rapids (AVX-512 FP16, no AMX-FP16) it ran at 0.1-0.4 GMAC/s, 300 to 1000
+// times slower than on float32 copies (torch 2.13, 2026-11-23).
 bool accumulates_in_float32(const at::Tensor& input, const at::Tensor& weight, c10::SymIntArrayRef stride,
                             c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, int64_t groups) {
   using at::native::ConvBackend;
+  if (input.is_cpu() && input.scalar_type() == at::kHalf) return false;
   const std::vector<c10::SymInt> no_output_padding(stride.size(), 0);
   switch (at::native::select_conv_backend(input, weight, std::nullopt, stride, padding, dilation,
                                           /*transposed=*/false, no_output_padding, groups, std::nullopt)) {
@@ -109,12 +113,13 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
   // the part of the pads that is equal on both sides goes to ATen as
   // `padding`, and only an asymmetric excess is materialised.
   //
-  // Input that no window reaches is dropped on CPU: oneDNN reordered a 1-D
-  // input with unused trailing elements into a buffer 8 times its size. cuDNN
-  // gets it as given, as from the glue, since a narrowed view costs it a
-  // contiguous copy (0.5-0.7x of the glue for ResNet-50's stride-2 1x1 layer
-  // on an H100).
-  const bool keep_unreached_input = input.is_cuda();
+  // Input that no window reaches is dropped from 1-D problems on CPU: oneDNN
+  // reordered a 1-D input with unused trailing elements into a buffer 8 times
+  // its size. Elsewhere ATen gets it as given, as from the glue, since a
+  // narrowed view costs it a copy: ResNet-50's stride-2 1x1 layer ran at
+  // 0.5-0.7x of the glue on an H100, and at 0.45x (NXC) and 0.55x (NCX) on a
+  // Sapphire Rapids CPU in float32.
+  const bool keep_unreached_input = input.is_cuda() || problem.spatial_rank() > 1;
   const auto reach = problem.window_reach();
   const int64_t rank = problem.spatial_rank();
   std::vector<c10::SymInt> padding(rank), excess_begin(rank), excess_end(rank);
