@@ -58,4 +58,12 @@ at::Tensor canonical_from_taps(const at::Tensor& taps, const Geometry& g, int64_
 // included); at::get_cpu_capability() honours ATEN_CPU_CAPABILITY.
 bool cpu_runs_avx2_kernels();
 
+// The CPU cost models hold one calibration for AVX2 CPUs and one for AVX-512
+// CPUs, where ATen and oneDNN run their AVX-512 kernels (ATen's capability
+// says which, and honours ATEN_CPU_CAPABILITY).
+bool cpu_is_avx512();
+// Whether the CPU multiplies bf16 on AMX tiles, as oneDNN does for its bf16
+// convolutions there.
+bool cpu_has_amx_bf16();
+
 }  // namespace torch_convgrad

@@ -239,25 +239,85 @@ bool not_yet_channels_last(const Problem& problem) {
   return !is_channels_last(problem.input) || !is_channels_last(problem.grad_output);
 }
 
-// Estimated seconds. CPU figures were measured with torch 2.13 on an AMD EPYC
-// (Zen 3, AVX2, 2 threads) over ResNet, U-Net, DCGAN, audio and video layers
-// in f32: oneDNN's weight gradient runs at about 25 GMAC/s on NXC data and 40
-// on NCX, 1.5 times that with 256 channels a side, 15% less in 3-D; 1x1 at
-// 60 (NXC) and 34 (NCX), 25 with strides; depthwise at about 3 GB/s. bf16 runs
-// about 15% slower (half speed in 3-D NCX); f16/bf16 without a native backend
-// pay a float32 conversion. On AVX-512 CPUs oneDNN runs much faster on
-// channels-last data (3x3 2.1x, 1x1 4x, depthwise 7.5x, issue 7).
-//
-// 1x1 on NXC data slows down with many channel pairs: 25-46 GMAC/s from 256 x
-// 1024 pairs per group up (ResNet-50's 14x14 and 7x7 bottlenecks, 2 threads),
-// where the gemm algorithm runs at 42-72; at 512 x 128 and below both run at
-// 35-56 (measured 2026-11-23, same machine).
+// Groups of a few channels: oneDNN ran 3x3 layers (N=8, 14x14 to 56x56,
+// 128-512 channels) at 3.5 (2 a group), 5-10 (4) and 20-52 GMAC/s (8) on NXC
+// data, and at 1.6, 2.2-2.4 and 14-36 on NCX (Zen 3, 2026-11-23); no bound
+// from 16 channels a group up.
+double few_channel_groups_macs_per_second(const Geometry& g, bool nxc) {
+  const double group_channels = static_cast<double>(std::max(g.in_channels, g.out_channels) / g.groups);
+  if (g.groups == 1 || group_channels > 8) return std::numeric_limits<double>::infinity();
+  return group_channels * group_channels * (nxc ? 0.5e9 : 0.4e9);
+}
+
+// 1x1 on NXC data slows down with many channel pairs on AVX2 CPUs: 25-46
+// GMAC/s from 256 x 1024 pairs per group up (ResNet-50's 14x14 and 7x7
+// bottlenecks, 2 threads), where the gemm algorithm runs at 42-72; at 512 x
+// 128 and below both run at 35-56 (measured 2026-11-23, same machine).
 constexpr int64_t kManyPairs = 256 * 1024;
+
+// Seconds of oneDNN's float32 weight gradient on an AVX2 CPU. Measured with
+// torch 2.13 on an AMD EPYC (Zen 3, 2 threads) over ResNet, U-Net, DCGAN,
+// audio and video layers: about 25 GMAC/s on NXC data and 40 on NCX, 1.5
+// times that with 256 channels a side, 15% less in 3-D; 1x1 at 60 (NXC) and
+// 34 (NCX), 25 with strides; depthwise at about 3 GB/s. bf16 and f16 run on
+// float32 copies (their conversion is counted by the caller), about 15%
+// slower, half speed in 3-D NCX.
+double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
+  const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
+  if (g.in_channels == g.groups && g.out_channels == g.groups)
+    return g.data_bytes(problem.input.element_size()) / 3e9;
+  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  double macs_per_second = nxc ? 25e9 : 40e9;
+  if (g.taps() == 1)
+    macs_per_second = strided ? 25e9 : (nxc ? (g.in_channels * g.out_channels / (g.groups * g.groups) >= kManyPairs
+                                                  ? 40e9
+                                                  : 60e9)
+                                            : 34e9);
+  else if (std::max(g.in_channels, g.out_channels) / g.groups >= 256)
+    macs_per_second *= 1.5;
+  macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
+  if (problem.spatial_rank() == 3) macs_per_second *= reduced && !nxc ? 0.5 : 0.85;
+  if (reduced) macs_per_second *= 0.85;
+  if (problem.input.scalar_type() == at::kDouble) macs_per_second /= 2;
+  return g.macs() / macs_per_second;
+}
+
+// Seconds of oneDNN's weight gradient on an AVX-512 CPU. Measured with torch
+// 2.13 on an Intel Xeon (Sapphire Rapids, AVX-512 with AMX, 2 threads) over
+// the benchmark's layers (2026-11-23), in float32: 3x3 at 135-180 GMAC/s
+// (NXC) and 135-155 (NCX), 105-145 with strides; 1x1 at 120-150 (NXC) and
+// 95-130 (NCX), with strides too; 3-D at 56, and 1-D NXC at 42 where NCX ran
+// 97. Depthwise 3x3 read its data at 33-37 GB/s (NXC) and 9 (NCX), 7x7 at a
+// twentieth of that, after a setup of about 30 us more than other layers'
+// (54 us on 2x8x8x8). bf16 stays bf16 there: on AMX it ran 2.2-3.7 times the
+// float32 rate (3.3 typical), and 3-D and 1-D at the full rate
+// (700-900 GMAC/s); without AMX it is taken to run as float32 (not
+// measured). f16 runs on float32 copies (see accumulates_in_float32).
+constexpr double kDepthwiseSetupSeconds = 30e-6;
+double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
+  const bool bf16 = problem.input.scalar_type() == at::kBFloat16;
+  if (g.in_channels == g.groups && g.out_channels == g.groups) {
+    const double bytes_per_second = (bf16 ? (nxc ? 11e9 : 7e9) : (nxc ? 35e9 : 9e9)) / (g.taps() > 9 ? 20 : 1);
+    return kDepthwiseSetupSeconds + g.data_bytes(problem.input.element_size()) / bytes_per_second;
+  }
+  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  double macs_per_second;
+  if (g.taps() == 1)
+    macs_per_second = nxc ? 135e9 : 110e9;
+  else
+    macs_per_second = strided ? 110e9 : (nxc ? 160e9 : 145e9);
+  macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
+  if (bf16 && cpu_has_amx_bf16())
+    macs_per_second *= 3.3;
+  else if (problem.spatial_rank() == 3 || (problem.spatial_rank() == 1 && nxc))
+    macs_per_second *= 0.37;
+  if (problem.input.scalar_type() == at::kDouble) macs_per_second /= 2;
+  return g.macs() / macs_per_second;
+}
 
 double estimated_seconds(const Problem& problem, const Geometry& g, bool channels_last) {
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
   const bool depthwise = g.in_channels == g.groups && g.out_channels == g.groups;
-  const bool pointwise = g.taps() == 1;
   const int64_t element_size = problem.input.element_size();
   const double copy_bytes = channels_last && not_yet_channels_last(problem) ? g.data_bytes(element_size) * 2 : 0;
   if (problem.input.is_cuda()) {
@@ -273,34 +333,13 @@ double estimated_seconds(const Problem& problem, const Geometry& g, bool channel
         depthwise ? g.data_bytes(element_size) / 0.6e12 : g.macs() / (reduced ? 1e14 : 5e13);
     return 20e-6 + copy_bytes / 0.4e12 + layout_penalty * base_seconds;
   }
-  static const bool avx512 = at::get_cpu_capability().rfind("AVX512", 0) == 0;
   const bool nxc = channels_last || is_channels_last(problem.input);
-  double seconds = 25e-6 + copy_bytes / 6e9;
-  if (depthwise) {
-    seconds += g.data_bytes(element_size) / (nxc && avx512 ? 20e9 : 3e9);
-  } else {
-    const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
-    double macs_per_second = nxc ? 25e9 : 40e9;
-    if (pointwise)
-      macs_per_second = strided ? 25e9 : (nxc ? (g.in_channels * g.out_channels / (g.groups * g.groups) >= kManyPairs
-                                                    ? 40e9
-                                                    : 60e9)
-                                              : 34e9);
-    else if (std::max(g.in_channels, g.out_channels) / g.groups >= 256)
-      macs_per_second *= 1.5;
-    // Groups of a few channels: oneDNN ran 3x3 layers (N=8, 14x14 to 56x56,
-    // 128-512 channels) at 3.5 (2 a group), 5-10 (4) and 20-52 GMAC/s (8) on
-    // NXC data, and at 1.6, 2.2-2.4 and 14-36 on NCX (2026-11-23).
-    const double group_channels = static_cast<double>(std::max(g.in_channels, g.out_channels) / g.groups);
-    if (g.groups > 1 && group_channels <= 8)
-      macs_per_second = std::min(macs_per_second, group_channels * group_channels * (nxc ? 0.5e9 : 0.4e9));
-    if (problem.spatial_rank() == 3) macs_per_second *= reduced && !nxc ? 0.5 : 0.85;
-    if (reduced) macs_per_second *= 0.85;
-    if (nxc && avx512) macs_per_second *= 2;
-    if (problem.input.scalar_type() == at::kDouble) macs_per_second /= 2;
-    seconds += g.macs() / macs_per_second;
-  }
-  if (reduced) seconds += g.data_bytes(4) * 2 / 10e9;
+  const bool avx512 = cpu_is_avx512();
+  double seconds = 25e-6 + copy_bytes / 6e9 +
+                   (avx512 ? avx512_cpu_seconds(problem, g, nxc) : avx2_cpu_seconds(problem, g, nxc));
+  // The float32 copies of f16 (and of bf16 where oneDNN does not take it).
+  const bool converts = problem.input.scalar_type() == at::kHalf || (reduced && !avx512);
+  if (converts) seconds += g.data_bytes(4) * 2 / 10e9;
   return seconds;
 }
 

@@ -1,5 +1,9 @@
 #include "algorithm.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
+
 #include <ATen/Version.h>
 
 #include <string>
@@ -58,6 +62,31 @@ bool cpu_runs_avx2_kernels() {
     return capability == "AVX2" || capability == "AVX512";
   }();
   return avx2;
+}
+
+bool cpu_is_avx512() {
+  static const bool avx512 = at::get_cpu_capability().rfind("AVX512", 0) == 0;
+  return avx512;
+}
+
+bool cpu_has_amx_bf16() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool amx_bf16 = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+    constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24, kOsXsave = 1u << 27;
+    if ((edx & kAmxBf16) == 0 || (edx & kAmxTile) == 0) return false;
+    // And the OS saves the tile state (XCR0 bits 17 and 18).
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & kOsXsave) == 0) return false;
+    unsigned low = 0, high = 0;
+    asm volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+    constexpr unsigned kTileState = (1u << 17) | (1u << 18);
+    return (low & kTileState) == kTileState;
+  }();
+  return amx_bf16;
+#else
+  return false;
+#endif
 }
 
 }  // namespace torch_convgrad
