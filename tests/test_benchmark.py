@@ -3,6 +3,7 @@
 Tiny synthetic cases keep this fast; nothing here asserts a timing.
 """
 import sys
+import time
 
 import pytest
 import torch
@@ -143,3 +144,13 @@ def test_module_main_dispatches_bench_and_keeps_the_check_as_default(capsys):
     assert "no case matches --cases" in capsys.readouterr().err
     assert cli_main(["frobnicate"]) == 2
     assert "usage: python -m torch_convgrad [bench [options]]" in capsys.readouterr().err
+
+
+def test_slow_calls_are_timed_over_fewer_blocks(monkeypatch):
+    monkeypatch.setattr(benchmark, "SLOW_CALL_SECONDS", 0.002)
+    functions = {"fast": lambda: None, "slow": lambda: time.sleep(0.003)}
+    times = benchmark.time_interleaved(functions, repeats=7, block_seconds=0.001, device=torch.device("cpu"))
+    assert [len(values) for values in times.values()] == [benchmark.SLOW_REPEATS] * 2
+    monkeypatch.setattr(benchmark, "SLOW_CALL_SECONDS", 60)
+    times = benchmark.time_interleaved(functions, repeats=7, block_seconds=0.001, device=torch.device("cpu"))
+    assert [len(values) for values in times.values()] == [7] * 2

@@ -253,17 +253,26 @@ def time_block(function: Callable, calls: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / calls
 
 
+# A call this slow is timed over SLOW_REPEATS blocks at most: oneDNN's f16 weight
+# gradient (the glue's) took 1-5 s a call on an AVX-512 FP16 CPU.
+SLOW_CALL_SECONDS = 0.25
+SLOW_REPEATS = 3
+
+
 def time_interleaved(functions: dict, repeats: int, block_seconds: float, device: torch.device) -> dict:
     """Per-call seconds of each function, one value per repeat, the functions' blocks alternating.
 
     One timed warm-up call each first (callers have run each function once already,
     to check it); a block holds enough calls to last ``block_seconds`` so that timer
-    resolution and per-call jitter stay small.
+    resolution and per-call jitter stay small. Where one call of some function takes
+    over ``SLOW_CALL_SECONDS``, at most ``SLOW_REPEATS`` repeats.
     """
     calls = {}
     for name, function in functions.items():
         warm = time_block(function, 1, device)
         calls[name] = max(1, math.ceil(block_seconds / max(warm, 1e-6)))
+        if warm > SLOW_CALL_SECONDS:
+            repeats = min(repeats, SLOW_REPEATS)
     times = {name: [] for name in functions}
     for _ in range(repeats):
         for name, function in functions.items():
@@ -573,7 +582,8 @@ def main(argv: Optional[Sequence[str]] = None, cases: Optional[Sequence[Case]] =
     print(format_table(rows, args.markdown))
     print()
     print("\n".join(summary_lines(rows)))
-    print(f"glue/ours: median per call ±half the interquartile range over {repeats} interleaved blocks")
+    print(f"glue/ours: median per call ±half the interquartile range over {repeats} interleaved blocks "
+          f"({SLOW_REPEATS} where a call takes over {SLOW_CALL_SECONDS} s)")
     print()
     print("\n".join(per_call_overhead(device, repeats)))
     print(f"total {time.perf_counter() - start:.0f} s")
