@@ -25,6 +25,9 @@ def dense_problem(data_format="NXC", dtype=torch.float32, n=2, c=8, o=6, size=(9
                                      filter_format="OIX")
 
 
+AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+
+
 def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16, size=(10, 11)):
     x = rand(data_shape(2, c, size, data_format), dtype, seed=3)
     dy = rand(data_shape(2, c, size, data_format), dtype, seed=4)
@@ -50,11 +53,11 @@ def test_forcing_runs_the_algorithm_where_it_applies(algorithm):
     assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), torch.float32)
 
 
-# The fused kernel copies tiles of 6 (tap, channel) rows of A, as one block
-# where the 6 are adjacent in memory. With 512 channels (float32, copied
-# because of the cache-aliasing stride) a tile that spans two taps is; with 2
-# channels a group on stride-2 phase planes (f16/bf16, always copied) the
-# tile's last element lies 5 past its first but the middle ones elsewhere.
+# The fused kernel copies tiles of 6 (AVX2) or 12 (AVX-512) (tap, channel)
+# rows of A, as one block where they are adjacent in memory. With 512 channels
+# (float32, copied because of the cache-aliasing stride) a tile that spans two
+# taps is; with 2 channels a group on stride-2 phase planes (f16/bf16, always
+# copied) a tile's rows lie apart.
 @pytest.mark.parametrize("dtype,channels,groups,stride", [
     (torch.float32, 512, 1, 1), (torch.bfloat16, 4, 2, 2), (torch.float16, 4, 2, 2)])
 def test_gemm_tiles_that_span_taps(dtype, channels, groups, stride):
@@ -114,17 +117,31 @@ def test_depthwise_and_grouped_kernels(channels, groups, kernel, stride, dilatio
     assert_matches_ref(result, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
-PORTABLE_CHILD = """
+# Runs problems (a file) through an algorithm under an ATen CPU capability.
+CAPABILITY_CHILD = """
 import sys, torch, torch_convgrad
-assert torch.backends.cpu.get_cpu_capability() == "DEFAULT", torch.backends.cpu.get_cpu_capability()
-problems = torch.load(sys.argv[1])
+problems_file, outputs_file, capability, algorithm = sys.argv[1:]
+assert torch.backends.cpu.get_cpu_capability() == capability, torch.backends.cpu.get_cpu_capability()
 outputs = []
-with torch_convgrad.use_algorithm("depthwise"):
-    for x, dy, shape, attributes in problems:
+with torch_convgrad.use_algorithm(algorithm):
+    for x, dy, shape, attributes in torch.load(problems_file):
         outputs.append(torch_convgrad.conv_backprop_filters(x, dy, shape, **attributes))
-        assert torch_convgrad.last_algorithm() == "depthwise", torch_convgrad.last_algorithm()
-torch.save(outputs, sys.argv[2])
+        assert torch_convgrad.last_algorithm() == algorithm, torch_convgrad.last_algorithm()
+torch.save(outputs, outputs_file)
 """
+
+
+def check_under_capability(problems, capability, algorithm, tmp_path):
+    """Runs ``problems`` through ``algorithm`` in a child process whose ATen CPU capability is
+    ``capability`` (ATEN_CPU_CAPABILITY), and compares each result with the reference."""
+    torch.save(problems, tmp_path / "problems.pt")
+    env = dict(os.environ, ATEN_CPU_CAPABILITY=capability.lower())
+    child = subprocess.run([sys.executable, "-c", CAPABILITY_CHILD, str(tmp_path / "problems.pt"),
+                            str(tmp_path / "outputs.pt"), capability, algorithm],
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    for (x, dy, shape, attributes), out in zip(problems, torch.load(tmp_path / "outputs.pt")):
+        assert_matches_ref(out, REF.conv_backprop_filters(x, dy, shape, **attributes), x.dtype)
 
 
 def test_portable_depthwise_kernels(tmp_path):
@@ -138,13 +155,22 @@ def test_portable_depthwise_kernels(tmp_path):
             problems.append((x, dy, [channels, channels // groups, 3, 3],
                              dict(strides=2, pads_begin=1, pads_end=[0, 1], groups=groups, data_format=data_format,
                                   filter_format="OIX")))
-    torch.save(problems, tmp_path / "problems.pt")
-    env = dict(os.environ, ATEN_CPU_CAPABILITY="default")
-    child = subprocess.run([sys.executable, "-c", PORTABLE_CHILD, str(tmp_path / "problems.pt"),
-                            str(tmp_path / "outputs.pt")], env=env, capture_output=True, text=True, timeout=120)
-    assert child.returncode == 0, child.stderr
-    for (x, dy, shape, attributes), out in zip(problems, torch.load(tmp_path / "outputs.pt")):
-        assert_matches_ref(out, REF.conv_backprop_filters(x, dy, shape, **attributes), x.dtype)
+    check_under_capability(problems, "DEFAULT", "depthwise", tmp_path)
+
+
+@pytest.mark.skipif(not AVX512, reason="on an AVX2 CPU the rest of the suite runs the AVX2 build")
+def test_avx2_gemm_kernel_on_an_avx512_cpu(tmp_path):
+    """The fused GEMM kernel's AVX2 build, which the suite runs only on AVX2 CPUs, forced on an
+    AVX-512 one: f32, f16 and bf16, channel counts that leave partial tiles of both builds."""
+    problems = []
+    for data_format, dtype, channels, out_channels in (("NXC", torch.float32, 13, 21), ("NCX", torch.float16, 7, 40),
+                                                         ("NXC", torch.bfloat16, 20, 9)):
+        x = rand(data_shape(2, channels, (9, 7), data_format), dtype, seed=11)
+        dy = rand(data_shape(2, out_channels, (5, 3), data_format), dtype, seed=12)
+        problems.append((x, dy, [out_channels, channels, 3, 3],
+                         dict(strides=2, pads_begin=1, pads_end=[1, 0], data_format=data_format,
+                              filter_format="OIX")))
+    check_under_capability(problems, "AVX2", "gemm", tmp_path)
 
 
 def test_an_algorithm_that_does_not_apply_leaves_the_problem_to_the_selector():
@@ -215,9 +241,6 @@ def test_every_algorithm_is_deterministic(algorithm, dtype):
         assert torch_convgrad.last_algorithm() == algorithm
         for _ in range(3):
             assert torch.equal(torch_convgrad.conv_backprop_filters(*problem[:3], **problem[3]), first)
-
-
-AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])

@@ -24,8 +24,21 @@ int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 constexpr int64_t kMaxBlockTilesM = 32;
 constexpr int64_t kMaxBlockTilesO = 16;
 
-// Rows per pass over a block: a kTileO-column slab of B (16 KiB) stays in L1.
-constexpr int64_t kChunkRows = 256;
+// Rows per pass over a block: a slab of B, a tile's width of its columns,
+// stays in L1.
+constexpr int64_t kSlabBytes = 16384;
+
+// The kernel build for this CPU and its tile.
+struct Build {
+  int64_t tile_m, tile_o;
+  void (*block)(const kernel::Args&, int64_t, int64_t, int64_t, int64_t, int64_t, bool);
+  int64_t chunk_rows() const { return kSlabBytes / (tile_o * static_cast<int64_t>(sizeof(float))); }
+};
+const Build& build_for_this_cpu() {
+  static const Build avx512{kernel::AVX512::kTileM, kernel::AVX512::kTileO, kernel::AVX512::block};
+  static const Build avx2{kernel::AVX2::kTileM, kernel::AVX2::kTileO, kernel::AVX2::block};
+  return cpu_is_avx512() ? avx512 : avx2;
+}
 
 // A's rows are copied per chunk when lda is a multiple of this many floats
 // (2 KiB): a chunk of its rows then falls into few cache sets and does not
@@ -40,9 +53,10 @@ struct Split {
 
 // The split with the shortest estimated run on `threads` threads, given that
 // at::parallel_for hands each thread a contiguous run of ceil(blocks /
-// threads) blocks. A block costs its tiles (6 cycles a row each, all FMAs)
-// plus reading its rows of A and B once from L3 (about 16 bytes a cycle).
-Split choose_split(int64_t tiles_m, int64_t tiles_o, int64_t threads) {
+// threads) blocks. A block costs its tiles (tile_m cycles a row each: two
+// FMAs a cycle) plus reading its rows of A and B once from L3 (about 16 bytes
+// a cycle).
+Split choose_split(const Build& build, int64_t tiles_m, int64_t tiles_o, int64_t threads) {
   const int64_t least_m_parts = ceil_div(tiles_m, kMaxBlockTilesM);
   const int64_t least_o_parts = ceil_div(tiles_o, kMaxBlockTilesO);
   Split best{least_m_parts, least_o_parts};
@@ -51,7 +65,8 @@ Split choose_split(int64_t tiles_m, int64_t tiles_o, int64_t threads) {
     for (int64_t o_parts = least_o_parts; o_parts <= std::min(tiles_o, least_o_parts + threads); ++o_parts) {
       const double block_m = static_cast<double>(ceil_div(tiles_m, m_parts));
       const double block_o = static_cast<double>(ceil_div(tiles_o, o_parts));
-      const double block_cost = 6 * block_m * block_o + (block_m * kernel::kTileM + block_o * kernel::kTileO) / 4;
+      const double block_cost =
+          build.tile_m * block_m * block_o + (block_m * build.tile_m + block_o * build.tile_o) / 4;
       const double cost = static_cast<double>(ceil_div(m_parts * o_parts, threads)) * block_cost;
       if (cost < best_cost) {
         best_cost = cost;
@@ -74,9 +89,10 @@ void tap_products(TapElement element, const void* a, int64_t lda, const void* b,
   }
   const kernel::Args args{element, a, lda, b, ldb, rows, offsets, taps, channels_a, channels_b, out, accumulate};
   TORCH_INTERNAL_ASSERT(cpu_runs_avx2_kernels(), "tap_products runs on AVX2 CPUs only");
-  const int64_t tiles_m = ceil_div(m, kernel::kTileM), tiles_o = ceil_div(channels_b, kernel::kTileO);
+  const Build& build = build_for_this_cpu();
+  const int64_t tiles_m = ceil_div(m, build.tile_m), tiles_o = ceil_div(channels_b, build.tile_o);
   const bool pack_a = lda % kAliasingLda == 0;
-  const Split split = choose_split(tiles_m, tiles_o, at::get_num_threads());
+  const Split split = choose_split(build, tiles_m, tiles_o, at::get_num_threads());
   // at::parallel_for is inline: it runs in parallel only where this file is
   // compiled with -fopenmp.
   at::parallel_for(0, split.m_parts * split.o_parts, 1, [&](int64_t begin, int64_t end) {
@@ -85,10 +101,10 @@ void tap_products(TapElement element, const void* a, int64_t lda, const void* b,
       const auto range = [](int64_t part, int64_t parts, int64_t tiles, int64_t tile, int64_t size) {
         return std::pair{std::min(size, part * tiles / parts * tile), std::min(size, (part + 1) * tiles / parts * tile)};
       };
-      const auto [m_begin, m_end] = range(m_part, split.m_parts, tiles_m, kernel::kTileM, m);
-      const auto [o_begin, o_end] = range(o_part, split.o_parts, tiles_o, kernel::kTileO, channels_b);
+      const auto [m_begin, m_end] = range(m_part, split.m_parts, tiles_m, build.tile_m, m);
+      const auto [o_begin, o_end] = range(o_part, split.o_parts, tiles_o, build.tile_o, channels_b);
       if (m_begin < m_end && o_begin < o_end)
-        kernel::AVX2::block(args, m_begin, m_end, o_begin, o_end, kChunkRows, pack_a);
+        build.block(args, m_begin, m_end, o_begin, o_end, build.chunk_rows(), pack_a);
     }
   });
 }

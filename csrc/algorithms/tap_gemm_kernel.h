@@ -9,7 +9,8 @@
 // pass and accumulates in float32. The first part of this header is the plain
 // interface that tap_gemm.cpp calls; the second, compiled only by the
 // per-capability translation units (tap_gemm_kernel_avx2.cpp,
-// tap_gemm_kernel_default.cpp, which define CPU_CAPABILITY), is the kernel.
+// tap_gemm_kernel_avx512.cpp, tap_gemm_kernel_default.cpp, which define
+// CPU_CAPABILITY), is the kernel.
 #pragma once
 
 #include "tap_gemm.h"
@@ -31,34 +32,43 @@ struct Args {
   bool accumulate;
 };
 
-// A micro-tile covers kTileM values of m by kTileO of o.
-constexpr int64_t kTileM = 6;
-constexpr int64_t kTileO = 16;
-
 // Computes out[m][o] for m in [m_begin, m_end), o in [o_begin, o_end) (m_begin
-// and o_begin multiples of the tile) over all rows, `chunk_rows` at a time,
-// reading A through a float32 copy with `pack_a` (always for f16/bf16). Every
-// element is summed over r in increasing order, one fused multiply-add per row
-// (AVX2), whatever the block.
+// and o_begin multiples of the build's tile, kTileM values of m by kTileO of
+// o) over all rows, `chunk_rows` at a time, reading A through a float32 copy
+// with `pack_a` (always for f16/bf16). Every element is summed over r in
+// increasing order, one fused multiply-add per row, whatever the block and
+// the build.
 //
 // transpose lays channels-first data out as the kernel's rows:
 // dst[r * dst_ld + c] = src[c * src_ld + r] for c < columns, r < rows, for
 // elements of `element_size` 2 or 4 bytes (copied, not converted).
 //
-// The products run only on AVX2 CPUs (gemm uses BLAS elsewhere); the
-// transposition has a portable build too.
+// The products run on AVX2 and AVX-512 CPUs (gemm uses BLAS elsewhere); the
+// transposition has an AVX2 and a portable build.
+#define TORCH_CONVGRAD_TAP_GEMM_DECLARE_BLOCK                                                                    \
+  void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows, \
+             bool pack_a);
 #define TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE                                                              \
   void transpose(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows, \
                  int64_t element_size);
 
+// Each tile keeps kTileM x 2 vectors of accumulators in registers: 12 of
+// AVX2's 16, 24 of AVX-512's 32.
 namespace AVX2 {
-void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows,
-           bool pack_a);
+constexpr int64_t kTileM = 6;
+constexpr int64_t kTileO = 16;
+TORCH_CONVGRAD_TAP_GEMM_DECLARE_BLOCK
 TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
 }  // namespace AVX2
+namespace AVX512 {
+constexpr int64_t kTileM = 12;
+constexpr int64_t kTileO = 32;
+TORCH_CONVGRAD_TAP_GEMM_DECLARE_BLOCK
+}  // namespace AVX512
 namespace DEFAULT {
 TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
 }
+#undef TORCH_CONVGRAD_TAP_GEMM_DECLARE_BLOCK
 #undef TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
 
 }  // namespace torch_convgrad::tap_gemm_kernel
@@ -67,23 +77,76 @@ TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
 
 #include "line_aligned_buffer.h"
 
-#include <ATen/cpu/vec/vec.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <array>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
-#ifdef CPU_CAPABILITY_AVX2
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 #include <immintrin.h>
+#endif
+// The AVX-512 build holds only the products: at::vec's 512-bit headers need
+// the ISA macros that a target pragma does not define.
+#ifndef CPU_CAPABILITY_AVX512
+#include <ATen/cpu/vec/vec.h>
 #endif
 
 namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY {
 
 using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 
-#ifdef CPU_CAPABILITY_AVX2
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+
+// The build's vector of float32 lanes; a tile's row of B is two of them.
+#ifdef CPU_CAPABILITY_AVX512
+using Vector = __m512;
+using LaneMask = __mmask16;
+constexpr int64_t kLanes = 16;
+inline LaneMask first_lanes(int64_t count) { return static_cast<LaneMask>((1u << count) - 1); }
+inline Vector zero_vector() { return _mm512_setzero_ps(); }
+inline Vector load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vector load(const float* p, LaneMask mask) { return _mm512_maskz_loadu_ps(mask, p); }
+inline void store(float* p, Vector v) { _mm512_storeu_ps(p, v); }
+inline void store(float* p, LaneMask mask, Vector v) { _mm512_mask_storeu_ps(p, mask, v); }
+inline Vector broadcast(const float* p) { return _mm512_set1_ps(*p); }
+inline Vector fma(Vector a, Vector b, Vector c) { return _mm512_fmadd_ps(a, b, c); }
+// kLanes elements as float32 (F16C and bf16's upper half, in one or two instructions).
+inline Vector load_as_float(const float* p) { return load(p); }
+inline Vector load_as_float(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline Vector load_as_float(const c10::BFloat16* p) {
+  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+#else
+using Vector = __m256;
+using LaneMask = __m256i;
+constexpr int64_t kLanes = 8;
+inline LaneMask first_lanes(int64_t count) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline Vector zero_vector() { return _mm256_setzero_ps(); }
+inline Vector load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vector load(const float* p, LaneMask mask) { return _mm256_maskload_ps(p, mask); }
+inline void store(float* p, Vector v) { _mm256_storeu_ps(p, v); }
+inline void store(float* p, LaneMask mask, Vector v) { _mm256_maskstore_ps(p, mask, v); }
+inline Vector broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline Vector fma(Vector a, Vector b, Vector c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vector load_as_float(const float* p) { return load(p); }
+inline Vector load_as_float(const c10::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Vector load_as_float(const c10::BFloat16* p) {
+  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+#endif
+static_assert(kTileO == 2 * kLanes, "a tile's row of B is two vectors");
 
 // out[i][j] (+)= sum_{r < rows} a[i][r * lda] * slab[r][j] for i < kM,
 // j < width (<= kTileO); `zero` starts from 0 instead of out. B is read from
@@ -94,55 +157,56 @@ using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo,
                         int64_t width, bool zero);
 
-// kM x kVectors accumulators (at most 12 of the 16 ymm registers, leaving
-// room for B and the broadcast), enough independent FMA chains to hide the
-// FMA latency. kPartial: out's last vector has fewer than 8 columns and is
-// read and written under a mask.
+// kM x kVectors accumulators, enough independent FMA chains to hide the FMA
+// latency, with registers left for B and the broadcast. kPartial: out's last
+// vector has fewer than kLanes columns and is read and written under a mask.
 template <int kM, int kVectors, bool kPartial>
 void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo, int64_t width,
           bool zero) {
-  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(width - 8 * (kVectors - 1))),
-                                          _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-  __m256 acc[kM][kVectors];
+  const LaneMask mask = first_lanes(kPartial ? width - kLanes * (kVectors - 1) : kLanes);
+  Vector acc[kM][kVectors];
   const float* rows_a[kM];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int i = 0; i < kM; ++i) {
     rows_a[i] = a[i];
 #pragma GCC unroll 2
     for (int v = 0; v < kVectors; ++v)
-      acc[i][v] = zero ? _mm256_setzero_ps()
-                  : kPartial && v == kVectors - 1 ? _mm256_maskload_ps(out + i * ldo + 8 * v, mask)
-                                                  : _mm256_loadu_ps(out + i * ldo + 8 * v);
+      acc[i][v] = zero                               ? zero_vector()
+                  : kPartial && v == kVectors - 1 ? load(out + i * ldo + kLanes * v, mask)
+                                                  : load(out + i * ldo + kLanes * v);
   }
   for (int64_t r = 0, ar = 0; r < rows; ++r, ar += lda, slab += kTileO) {
-    __m256 bv[kVectors];
+    Vector bv[kVectors];
 #pragma GCC unroll 2
-    for (int v = 0; v < kVectors; ++v) bv[v] = _mm256_loadu_ps(slab + 8 * v);
-#pragma GCC unroll 8
+    for (int v = 0; v < kVectors; ++v) bv[v] = load(slab + kLanes * v);
+#pragma GCC unroll 16
     for (int i = 0; i < kM; ++i) {
-      const __m256 x = _mm256_broadcast_ss(rows_a[i] + ar);
+      const Vector x = broadcast(rows_a[i] + ar);
 #pragma GCC unroll 2
-      for (int v = 0; v < kVectors; ++v) acc[i][v] = _mm256_fmadd_ps(x, bv[v], acc[i][v]);
+      for (int v = 0; v < kVectors; ++v) acc[i][v] = fma(x, bv[v], acc[i][v]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int i = 0; i < kM; ++i)
 #pragma GCC unroll 2
     for (int v = 0; v < kVectors; ++v) {
       if (kPartial && v == kVectors - 1)
-        _mm256_maskstore_ps(out + i * ldo + 8 * v, mask, acc[i][v]);
+        store(out + i * ldo + kLanes * v, mask, acc[i][v]);
       else
-        _mm256_storeu_ps(out + i * ldo + 8 * v, acc[i][v]);
+        store(out + i * ldo + kLanes * v, acc[i][v]);
     }
 }
 
-// [kM - 1][variant]: 16 columns, 9..15, 8, 1..7.
-template <int kM>
-constexpr TileFn kTilesOf[4] = {tile<kM, 2, false>, tile<kM, 2, true>, tile<kM, 1, false>, tile<kM, 1, true>};
+// [kM - 1][variant]: kTileO columns, kLanes + 1 .. kTileO - 1, kLanes, 1 .. kLanes - 1.
+template <int... kHeightsLessOne>
+constexpr std::array<std::array<TileFn, 4>, sizeof...(kHeightsLessOne)> tiles_of(
+    std::integer_sequence<int, kHeightsLessOne...>) {
+  return {{{tile<kHeightsLessOne + 1, 2, false>, tile<kHeightsLessOne + 1, 2, true>,
+            tile<kHeightsLessOne + 1, 1, false>, tile<kHeightsLessOne + 1, 1, true>}...}};
+}
 inline TileFn pick_tile(int64_t height, int64_t width) {
-  static constexpr const TileFn* kTiles[kTileM] = {kTilesOf<1>, kTilesOf<2>, kTilesOf<3>,
-                                                   kTilesOf<4>, kTilesOf<5>, kTilesOf<6>};
-  const int variant = width == 16 ? 0 : width > 8 ? 1 : width == 8 ? 2 : 3;
+  static constexpr auto kTiles = tiles_of(std::make_integer_sequence<int, kTileM>{});
+  const int variant = width == kTileO ? 0 : width > kLanes ? 1 : width == kLanes ? 2 : 3;
   return kTiles[height - 1][variant];
 }
 
@@ -163,19 +227,7 @@ inline float to_float(T value) {
 template <typename T>
 inline void convert_slab_row(const T* source, int64_t width, float* row) {
   if (width == kTileO) {
-    for (int64_t half = 0; half < kTileO; half += 8) {
-      __m256 lanes;
-      if constexpr (std::is_same_v<T, float>) {
-        lanes = _mm256_loadu_ps(source + half);
-      } else {
-        const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(source + half));
-        if constexpr (std::is_same_v<T, c10::BFloat16>)
-          lanes = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-        else
-          lanes = _mm256_cvtph_ps(raw);
-      }
-      _mm256_storeu_ps(row + half, lanes);
-    }
+    for (int64_t half = 0; half < kTileO; half += kLanes) store(row + half, load_as_float(source + half));
     return;
   }
   // Plain loops: std::copy becomes a memmove call per row.
@@ -279,7 +331,9 @@ inline void block_impl(const Args& args, int64_t m_begin, int64_t m_end, int64_t
   }
 }
 
-#endif  // CPU_CAPABILITY_AVX2
+#endif  // CPU_CAPABILITY_AVX2 || CPU_CAPABILITY_AVX512
+
+#ifndef CPU_CAPABILITY_AVX512
 
 // 8 x 8 blocks: at::vec's register transpose for float32 (AVX2), plain
 // loops otherwise and at the edges.
@@ -305,6 +359,8 @@ inline void transpose_impl(const void* src, int64_t src_ld, void* dst, int64_t d
   else
     transpose_of(static_cast<const uint16_t*>(src), src_ld, static_cast<uint16_t*>(dst), dst_ld, columns, rows);
 }
+
+#endif  // !CPU_CAPABILITY_AVX512
 
 }  // namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY
 

@@ -1,0 +1,10 @@
+// Included first by the *_avx512.cpp kernels: what follows it compiles for
+// AVX-512 (F, BW, VL, DQ) with AVX2, FMA and F16C, which ATen's AVX512
+// capability requires of the CPU.
+#pragma once
+
+#include "target_prelude.h"
+
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#define CPU_CAPABILITY AVX512
+#define CPU_CAPABILITY_AVX512
