@@ -324,8 +324,8 @@ bool supports(const Problem&) { return true; }
 // threads) the fused kernel's AVX-512 build ran at 110-140 GMAC/s in f32
 // (75-90% of torch.mm on the same shapes) and 90 in f16, BLAS on 1x1 NCX
 // layers at 130-165, and channels-last copies of phase planes at 19-21 GB/s,
-// channels-first ones at 9 (2026-11-23). On
-// other devices this is not calibrated: it runs there only when forced.
+// channels-first ones at 9 (2026-11-23). On other devices this is not
+// calibrated: it runs there only when forced.
 double cost(const Problem& problem, const Geometry& g) {
   if (!problem.input.is_cpu()) return 1e30;
   const Layout layout = plan(g);
