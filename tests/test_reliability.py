@@ -1,6 +1,11 @@
 """Concurrency and memory: threads calling the ops get the single-threaded results bit for bit, and
 resident memory stays flat over many calls (with autograd, and with errors)."""
+import importlib.util
 import os
+import platform
+import re
+import shutil
+import subprocess
 import threading
 
 import pytest
@@ -82,3 +87,29 @@ def test_resident_memory_stays_flat_over_ten_thousand_calls(mode):
     growth = _resident_bytes() - before
     # A leak of one small tensor or message per call would add at least ~1 MB here.
     assert growth < 1 << 20, f"resident memory grew by {growth / 2**20:.1f} MiB over 10,000 calls"
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64") or shutil.which("objdump") is None,
+                    reason="needs an x86-64 build and binutils' objdump")
+def test_instructions_beyond_the_baseline_stay_in_the_per_capability_kernels():
+    """The AVX2 and AVX-512 kernels are compiled under target pragmas into the same library as
+    the baseline code. An inline function they compile from a header read after the pragma is a
+    weak symbol, and the linker keeps one copy for the whole library: if that copy held AVX
+    instructions, a CPU without them would crash in baseline code. So every function with
+    VEX/EVEX instructions (v-mnemonics, mask registers) must be a per-capability namespace's own.
+    """
+    library = importlib.util.find_spec("torch_convgrad._C").origin
+    listing = subprocess.run(["objdump", "-d", "-C", "--no-show-raw-insn", library], capture_output=True,
+                             text=True, check=True).stdout
+    vector_functions, function = set(), None
+    for line in listing.splitlines():
+        header = re.match(r"^[0-9a-f]+ <(.*)>:$", line)
+        if header:
+            function = header.group(1)
+            continue
+        fields = line.split("\t")
+        if function and len(fields) > 1 and re.match(r"v[a-z]|k[a-z]+\s|.*%k[0-7]\b", fields[-1].strip()):
+            vector_functions.add(function)
+    assert any("::AVX2::" in name for name in vector_functions), "no AVX2 kernel found: the scan is broken"
+    offenders = sorted(name for name in vector_functions if not re.search(r"::(AVX2|AVX512)::", name))
+    assert not offenders, offenders[:20]
