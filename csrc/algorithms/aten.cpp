@@ -9,6 +9,7 @@
 #include "scratch.h"
 
 #include <ATen/Context.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/native/ConvUtils.h>
 #include <ATen/Version.h>
 #include <ATen/ops/convolution_backward.h>
@@ -17,7 +18,6 @@
 
 #include <algorithm>
 #include <limits>
-#include <numeric>
 
 namespace torch_convgrad {
 namespace {
@@ -96,17 +96,8 @@ bool accumulates_in_float32(const at::Tensor& input, const at::Tensor& weight, c
 // fault per 4 KiB on every call.
 at::Tensor float32_copy(const at::Tensor& tensor, ScratchSlot slot) {
   if (!tensor.is_cpu()) return tensor.to(at::kFloat);
-  std::vector<int64_t> outer_to_inner(tensor.dim());
-  std::iota(outer_to_inner.begin(), outer_to_inner.end(), 0);
-  std::stable_sort(outer_to_inner.begin(), outer_to_inner.end(),
-                   [&](int64_t a, int64_t b) { return tensor.stride(a) > tensor.stride(b); });
-  std::vector<int64_t> memory_sizes, to_dims(tensor.dim());
-  for (int64_t position = 0; position < tensor.dim(); ++position) {
-    memory_sizes.push_back(tensor.size(outer_to_inner[position]));
-    to_dims[outer_to_inner[position]] = position;
-  }
-  const at::Tensor copy =
-      scratch_tensor(slot, memory_sizes, tensor.options().dtype(at::kFloat)).permute(to_dims);
+  const at::Tensor copy = scratch_tensor(slot, {tensor.numel()}, tensor.options().dtype(at::kFloat))
+                              .as_strided(tensor.sizes(), at::infer_dense_strides(tensor.sizes(), tensor.strides()));
   copy.copy_(tensor);
   return copy;
 }
@@ -301,7 +292,6 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
   if (problem.spatial_rank() == 3) macs_per_second *= reduced && !nxc ? 0.5 : 0.85;
   if (reduced) macs_per_second *= 0.85;
-  if (problem.input.scalar_type() == at::kDouble) macs_per_second /= 2;
   return g.macs() / macs_per_second;
 }
 
@@ -334,7 +324,6 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
     macs_per_second *= 3.3;
   else if (problem.spatial_rank() == 3 || (problem.spatial_rank() == 1 && nxc))
     macs_per_second *= 0.37;
-  if (problem.input.scalar_type() == at::kDouble) macs_per_second /= 2;
   return g.macs() / macs_per_second;
 }
 
@@ -358,8 +347,10 @@ double estimated_seconds(const Problem& problem, const Geometry& g, bool channel
   }
   const bool nxc = channels_last || is_channels_last(problem.input);
   const bool avx512 = cpu_is_avx512();
-  double seconds = 25e-6 + copy_bytes / 6e9 +
-                   (avx512 ? avx512_cpu_seconds(problem, g, nxc) : avx2_cpu_seconds(problem, g, nxc));
+  double onednn_seconds = avx512 ? avx512_cpu_seconds(problem, g, nxc) : avx2_cpu_seconds(problem, g, nxc);
+  // float64 products at half the float32 rate (depthwise is counted in bytes).
+  if (problem.input.scalar_type() == at::kDouble && !depthwise) onednn_seconds *= 2;
+  double seconds = 25e-6 + copy_bytes / 6e9 + onednn_seconds;
   // The float32 copies of f16 (and of bf16 where oneDNN does not take it):
   // 21-36 GB/s (bytes written, twice) on the Sapphire Rapids.
   const bool converts = problem.input.scalar_type() == at::kHalf || (reduced && !avx512);
