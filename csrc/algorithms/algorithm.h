@@ -32,6 +32,7 @@ extern const Algorithm kAtenChannelsLastAlgorithm; // aten.cpp: one copy to chan
 extern const Algorithm kGemmAlgorithm;             // gemm.cpp: one GEMM per kernel tap
 extern const Algorithm kDepthwiseAlgorithm;        // depthwise.cpp: direct CPU kernel, groups == channels
 extern const Algorithm kDirectAlgorithm;           // direct.cpp: plain loops for tiny problems
+extern const Algorithm kAmxAlgorithm;              // amx.cpp: bf16 on AMX tiles (ATen's brgemm)
 
 // Concrete (non-symbolic) sizes of a problem lifted to three spatial axes
 // (missing leading axes have size 1, kernel 1, stride 1, no padding), the
@@ -49,6 +50,9 @@ struct Geometry {
   double data_bytes(int64_t element_size) const;
 };
 Geometry geometry_of(const Problem& problem);
+
+// NCX data lifted to three spatial axes: (N, C, S0, S1, S2), a view.
+at::Tensor lift(const at::Tensor& ncx);
 
 // Per-tap products (groups, K0 * K1 * K2, C/g, O/g), any dtype, as the
 // canonical (O, C/g, K...) weight gradient at the problem's rank.

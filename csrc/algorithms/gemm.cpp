@@ -96,13 +96,6 @@ Layout plan(const Geometry& g) {
   return layout;
 }
 
-// NCX data lifted to three spatial axes: (N, C, S0, S1, S2).
-at::Tensor lift(const at::Tensor& ncx) {
-  at::Tensor lifted = ncx;
-  while (lifted.dim() < 5) lifted = lifted.unsqueeze(2);
-  return lifted;
-}
-
 // (N, rows, C) matrices of `ncx5` (N, C, S0, S1, S2), a view where the
 // spatial axes flatten.
 at::Tensor as_rows(const at::Tensor& ncx5, at::ScalarType dtype) {

@@ -37,6 +37,12 @@ Geometry geometry_of(const Problem& problem) {
   return g;
 }
 
+at::Tensor lift(const at::Tensor& ncx) {
+  at::Tensor lifted = ncx;
+  while (lifted.dim() < 5) lifted = lifted.unsqueeze(2);
+  return lifted;
+}
+
 at::Tensor canonical_from_taps(const at::Tensor& taps, const Geometry& g, int64_t spatial_rank) {
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   at::Tensor canonical = taps.view({g.groups, g.kernel[0], g.kernel[1], g.kernel[2], in_per_group, out_per_group})

@@ -13,7 +13,7 @@ namespace {
 
 // Larger operands are allocated per call: their page faults are small next
 // to the arithmetic on them, and a thread should not hold more than
-// 2 x 32 MiB for good.
+// 32 MiB a slot for good.
 constexpr size_t kMaxKeptBytes = size_t{32} << 20;
 
 struct FreeCpu {
@@ -25,7 +25,7 @@ struct Buffer {
   size_t bytes = 0;
 };
 
-thread_local std::array<Buffer, 2> buffers;
+thread_local std::array<Buffer, static_cast<size_t>(ScratchSlot::Count)> buffers;
 
 }  // namespace
 

@@ -10,7 +10,7 @@
 namespace torch_convgrad {
 
 // Which buffer: a call may hold one of each at a time.
-enum class ScratchSlot { PackedInput, PackedGradOutput };
+enum class ScratchSlot { PackedInput, PackedGradOutput, StagedOperand, VnniPanel, Count };
 
 // An uninitialised contiguous tensor of `sizes`. On the CPU, up to a bound,
 // it lives in this thread's buffer for `slot` (grown when too small) and is

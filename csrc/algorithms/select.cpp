@@ -18,7 +18,8 @@ namespace {
 
 // In the order ties are broken.
 const Algorithm* const kAlgorithms[] = {&kAtenAlgorithm, &kGemmAlgorithm, &kDepthwiseAlgorithm,
-                                        &kAtenChannelsLastAlgorithm, &kDirectAlgorithm};
+                                        &kAtenChannelsLastAlgorithm, &kDirectAlgorithm,
+                                        &kAmxAlgorithm};
 
 const Algorithm* find_algorithm(const char* name) {
   for (const Algorithm* algorithm : kAlgorithms)
