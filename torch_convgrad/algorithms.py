@@ -9,7 +9,9 @@ algorithm that supports its problem by a cost model measured on each device:
   on the data as given or packed once into zero-padded channels-last planes;
 - ``"depthwise"``: a vectorised CPU kernel for ``groups == channels``;
 - ``"direct"``: plain CPU loops over the windows, for tiny problems, where a
-  call's time is its fixed cost.
+  call's time is its fixed cost;
+- ``"amx"``: bf16 on the AMX tiles of CPUs that have them, through ATen's
+  batch-reduce GEMM, for channels-first data.
 
 Every algorithm gives the same values to rounding, accumulates f16/bf16 in
 float32 and is deterministic. Forcing one (``use_algorithm`` or the environment
