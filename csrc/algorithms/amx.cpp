@@ -92,7 +92,8 @@ constexpr int64_t kBlockRows = 128, kBlockColumns = 128;
 bool b_needs_staging(const Geometry& g, const Roles& roles) {
   const int64_t positions = g.out[0] * g.out[1] * g.out[2];
   const int64_t b_channel_stride = roles.a_is_grad_output ? g.input_strides[1] : g.grad_output_strides[1];
-  const bool b_in_place = roles.a_is_grad_output ? input_read_whole(g) : true;
+  const bool b_in_place =
+      roles.a_is_grad_output ? input_read_whole(g) : spatial_flattens(g.out, g.grad_output_strides);
   return !(b_in_place && b_channel_stride % 2 == 0 && positions % 2 == 0);
 }
 
