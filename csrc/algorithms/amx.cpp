@@ -10,7 +10,7 @@
 // and packed in pairs of K (VNNI) by a 32-bit transposition, panel by panel.
 // A is the operand with more channels where either could be, since B is the
 // one copied. oneDNN's own bf16 weight gradient on channels-first data ran at
-// 130-300 GMAC/s on the benchmark's 1x1 layers, this at 400-550 (Sapphire
+// 105-305 GMAC/s on the benchmark's 1x1 layers, this at 400-610 (Sapphire
 // Rapids, 2 cores).
 #include "algorithm.h"
 #include "scratch.h"
@@ -40,10 +40,11 @@ bool spatial_flattens(const int64_t (&sizes)[3], const int64_t (&strides)[5]) {
 }
 
 // Which operand is A, the one read in place (`supported` false where neither
-// can be).
+// can be), and the channels of A (C's rows) and B (its columns).
 struct Roles {
   bool supported = false;
   bool a_is_grad_output = false;
+  int64_t a_channels = 0, b_channels = 0;
 };
 
 // Whether the one tap reads the whole input, position for position (1x1,
@@ -61,6 +62,8 @@ Roles roles_of(const Geometry& g) {
   Roles roles;
   roles.supported = grad_output_in_place || input_in_place;
   roles.a_is_grad_output = grad_output_in_place && (!input_in_place || g.out_channels >= g.in_channels);
+  roles.a_channels = roles.a_is_grad_output ? g.out_channels : g.in_channels;
+  roles.b_channels = roles.a_is_grad_output ? g.in_channels : g.out_channels;
   return roles;
 }
 
@@ -90,7 +93,7 @@ constexpr int64_t kBlockRows = 128, kBlockColumns = 128;
 // Whether B is gathered into a staging copy first: read in place it needs K
 // contiguous, whole pairs in every channel's row and an even K.
 bool b_needs_staging(const Geometry& g, const Roles& roles) {
-  const int64_t positions = g.out[0] * g.out[1] * g.out[2];
+  const int64_t positions = g.out_positions();
   const int64_t b_channel_stride = roles.a_is_grad_output ? g.input_strides[1] : g.grad_output_strides[1];
   const bool b_in_place =
       roles.a_is_grad_output ? input_read_whole(g) : spatial_flattens(g.out, g.grad_output_strides);
@@ -106,9 +109,8 @@ bool b_needs_staging(const Geometry& g, const Roles& roles) {
 // stride, plus 4 ns a row.
 double cost(const Problem&, const Geometry& g) {
   const Roles roles = roles_of(g);
-  const double positions = static_cast<double>(g.out[0]) * g.out[1] * g.out[2];
-  const double m = roles.a_is_grad_output ? g.out_channels : g.in_channels;
-  const double n = roles.a_is_grad_output ? g.in_channels : g.out_channels;
+  const double positions = static_cast<double>(g.out_positions());
+  const double m = static_cast<double>(roles.a_channels), n = static_cast<double>(roles.b_channels);
   const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
   const double units = static_cast<double>(g.batch) * g.taps();
   const double b_bytes = units * n * positions * 2;
@@ -122,7 +124,6 @@ double cost(const Problem&, const Geometry& g) {
   return seconds;
 }
 
-
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
 using at::BFloat16;
 
@@ -132,7 +133,7 @@ using at::BFloat16;
 // padding.
 void stage_b(const at::Tensor& x5, const at::Tensor& dy5, bool b_is_input, int64_t n, const int64_t (&tap)[3],
              const Geometry& g, const at::Tensor& staged) {
-  const int64_t positions = g.out[0] * g.out[1] * g.out[2];
+  const int64_t positions = g.out_positions();
   at::Tensor target = staged.narrow(1, 0, positions).view({staged.size(0), g.out[0], g.out[1], g.out[2]});
   if (!b_is_input) {
     target.copy_(dy5[n]);
@@ -163,8 +164,8 @@ at::Tensor run(const Problem& problem) {
   const bool staging = b_needs_staging(g, roles);
   const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
   const at::Tensor& a_operand = roles.a_is_grad_output ? dy5 : x5;
-  const int64_t m = a_operand.size(1), n_columns = roles.a_is_grad_output ? g.in_channels : g.out_channels;
-  const int64_t positions = g.out[0] * g.out[1] * g.out[2];
+  const int64_t m = roles.a_channels, n_columns = roles.b_channels;
+  const int64_t positions = g.out_positions();
   const int64_t even_positions = positions / 2 * 2;
   const int64_t taps = g.taps();
   const int64_t lda = a_operand.stride(1);

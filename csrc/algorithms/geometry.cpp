@@ -53,7 +53,7 @@ at::Tensor canonical_from_taps(const at::Tensor& taps, const Geometry& g, int64_
 }
 
 double Geometry::macs() const {
-  return static_cast<double>(batch) * out[0] * out[1] * out[2] * out_channels * (in_channels / groups) * taps();
+  return static_cast<double>(batch) * out_positions() * out_channels * (in_channels / groups) * taps();
 }
 
 double Geometry::data_bytes(int64_t element_size) const {
