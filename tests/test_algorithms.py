@@ -100,9 +100,11 @@ def test_gemm_results_outlive_its_scratch_buffers(data_format):
 
 # The depthwise kernels also take groups of 2, 4 or 8 channels that divide a
 # vector of lanes (8 f32/bf16 lanes, 4 f64). The channels-last one sums up to
-# 3 input rows times up to 8 taps along the row in registers: these kernels
-# make it split rows (5, 7, 9 rows) and taps along the row (9 = 5 + 4), and
-# stride, dilation and asymmetric pads move the padding both kernels stage.
+# 3 input rows (4 on AVX-512) times up to 8 taps along the row in registers:
+# these kernels make it split rows (5, 7, 9 rows) and taps along the row (9 =
+# 5 + 4), and stride, dilation and asymmetric pads move the padding both
+# kernels stage. Where stride equals dilation it takes 4 windows at a time
+# and the rest one by one (13 windows; 6 with stride 2; 3 with stride 3).
 # 37 and 36 channels leave a partial vector of lanes; groups of 8 f32
 # channels fill one, which the channels-last kernel broadcasts lane by lane.
 # Channels-first depthwise data goes through the channels-last kernel, which
@@ -112,7 +114,8 @@ def test_gemm_results_outlive_its_scratch_buffers(data_format):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("channels,groups", [(32, 32), (37, 37), (4, 4), (36, 18), (32, 8), (40, 5)])
 @pytest.mark.parametrize("kernel,stride,dilation,pads", [
-    (3, 1, 1, (1, 1)), (3, 2, 1, (0, 1)), (5, 3, 1, (2, 0)), (7, 1, 2, (5, 3)), (4, 2, 3, (3, 2)), (9, 1, 1, (8, 0))])
+    (3, 1, 1, (1, 1)), (3, 2, 1, (0, 1)), (5, 3, 1, (2, 0)), (7, 1, 2, (5, 3)), (4, 2, 3, (3, 2)), (9, 1, 1, (8, 0)),
+    (3, 2, 2, (2, 1)), (3, 3, 3, (1, 1))])
 def test_depthwise_and_grouped_kernels(channels, groups, kernel, stride, dilation, pads, dtype, data_format):
     lanes = 4 if dtype == torch.float64 else 8
     if channels // groups > lanes:
@@ -168,6 +171,22 @@ def test_portable_depthwise_kernels(tmp_path):
                              dict(strides=2, pads_begin=1, pads_end=[0, 1], groups=groups, data_format=data_format,
                                   filter_format="OIX")))
     check_under_capability(problems, "DEFAULT", "depthwise", tmp_path)
+
+
+@pytest.mark.skipif(not AVX512, reason="on an AVX2 CPU the rest of the suite runs the AVX2 build")
+def test_avx2_depthwise_kernels_on_an_avx512_cpu(tmp_path):
+    """The depthwise kernels' AVX2 build, which an AVX-512 CPU runs only for groups of 8 channels
+    and the channels-first kernel, forced through ATen's AVX2 capability: depthwise in both layouts
+    (4 windows at a time and the rest), groups of 4 and 8, a partial vector of lanes."""
+    problems = []
+    for data_format in ("NXC", "NCX"):
+        for channels, groups, dtype in ((37, 37, torch.float32), (36, 9, torch.bfloat16), (32, 4, torch.float16)):
+            x = rand(data_shape(2, channels, (6, 11), data_format), dtype, seed=13)
+            dy = rand(data_shape(2, channels, (6, 11), data_format), dtype, seed=14)
+            problems.append((x, dy, [channels, channels // groups, 3, 3],
+                             dict(pads_begin=1, pads_end=1, groups=groups, data_format=data_format,
+                                  filter_format="OIX")))
+    check_under_capability(problems, "AVX2", "depthwise", tmp_path)
 
 
 @pytest.mark.skipif(not AVX512, reason="on an AVX2 CPU the rest of the suite runs the AVX2 build")

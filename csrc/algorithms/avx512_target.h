@@ -8,3 +8,13 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
 #define CPU_CAPABILITY AVX512
 #define CPU_CAPABILITY_AVX512
+// GCC's target pragma does not define the ISA macros in C++; vec.h and
+// sleef.h choose their 512-bit code by them.
+#define __AVX__ 1
+#define __AVX2__ 1
+#define __FMA__ 1
+#define __F16C__ 1
+#define __AVX512F__ 1
+#define __AVX512BW__ 1
+#define __AVX512VL__ 1
+#define __AVX512DQ__ 1

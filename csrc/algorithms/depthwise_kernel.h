@@ -7,8 +7,8 @@
 // i < group_channels (depthwise: group_channels = 1). The first part of this
 // header is the plain interface that depthwise.cpp calls; the second,
 // compiled only by the per-capability translation units
-// (depthwise_kernel_avx2.cpp, depthwise_kernel_default.cpp, which define
-// CPU_CAPABILITY), is the kernel.
+// (depthwise_kernel_avx512.cpp, depthwise_kernel_avx2.cpp,
+// depthwise_kernel_default.cpp, which define CPU_CAPABILITY), is the kernel.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,9 @@ struct Args {
   void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin, \
                       int64_t channel_end, void* result);
 
+namespace AVX512 {
+TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
+}
 namespace AVX2 {
 TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 }
@@ -179,9 +182,14 @@ inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_
 // load serves them all.
 // ---------------------------------------------------------------------------
 
-// 14 sums, the grad_output vector and an input vector fill the 16 AVX2
-// registers (a 7x7 kernel runs two rows at a time).
+// The tile's sums, the grad_output vector and an input vector fill the
+// registers: 14 + 2 of AVX2's 16 (a 7x7 kernel runs two rows at a time), 28
+// + 2 of AVX-512's 32.
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int kMaxTileRows = 4, kMaxTileCols = 8, kMaxTileTaps = 28;
+#else
 constexpr int kMaxTileRows = 3, kMaxTileCols = 8, kMaxTileTaps = 14;
+#endif
 
 // acc[r][c][lane] += sum_{j < windows} x_r[j * x_step + c * tap_step][lane] * dy[j * kLanes][lane]
 // for r < kRows input rows and c < kCols taps along the row; with kBroadcast,
@@ -223,14 +231,60 @@ void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, 
     }
 }
 
+// Where stride equals dilation, tap c of window j reads the pixel that tap
+// c - 1 of window j + 1 reads. The shared tile takes kSharedWindows windows
+// at a time and loads each pixel they reach once, for every (window, tap)
+// pair that reads it: kSharedWindows + kCols - 1 loads a row for
+// kSharedWindows * kCols FMAs, where channels_last_tile loads one a FMA,
+// which leaves AVX-512's two loads a cycle as the bound. Its sums, the
+// windows' grad_output vectors and a pixel fill the registers: 21 + 4 + 1
+// of AVX-512's 32, 7 + 4 + 1 of AVX2's 16.
+constexpr int kSharedWindows = 4;
+#if defined(CPU_CAPABILITY_AVX512)
+constexpr int kMaxSharedRows = 3, kMaxSharedTaps = 21;
+#else
+constexpr int kMaxSharedRows = 1, kMaxSharedTaps = 8;
+#endif
+
+// acc[r][c][lane] += sum_{j < windows} x_r[(j + c) * step][lane] * dy[j * kLanes][lane]
+// for r < kRows input rows and c < kCols taps along the row; `windows` is a
+// multiple of kSharedWindows.
+template <int kRows, int kCols, typename A>
+void channels_last_shared_tile(const A* const* rows, int64_t step, const A* dy, int64_t windows, A* const* acc) {
+  using Vec = at::vec::Vectorized<A>;
+  constexpr int64_t kLanes = Vec::size();
+  constexpr int kPixels = kSharedWindows + kCols - 1;
+  Vec sums[kRows][kCols];
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c) sums[r][c] = Vec::loadu(acc[r] + c * kLanes);
+  for (int64_t j = 0; j < windows; j += kSharedWindows) {
+    Vec dy_lanes[kSharedWindows];
+#pragma GCC unroll 16
+    for (int u = 0; u < kSharedWindows; ++u) dy_lanes[u] = Vec::loadu(dy + (j + u) * kLanes);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      const A* x = rows[r] + j * step;
+#pragma GCC unroll 16
+      for (int p = 0; p < kPixels; ++p) {
+        const Vec pixel = Vec::loadu(x + p * step);
+#pragma GCC unroll 16
+        for (int u = 0; u < kSharedWindows; ++u)
+          if (p - u >= 0 && p - u < kCols) sums[r][p - u] = at::vec::fmadd(pixel, dy_lanes[u], sums[r][p - u]);
+      }
+    }
+  }
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < kCols; ++c) sums[r][c].store(acc[r] + c * kLanes);
+}
+
 // Calls kernel.template operator()<kRows, kCols>() with the given counts
-// (rows <= kMaxTileRows, cols <= kMaxTileCols, rows * cols <= kMaxTileTaps).
-template <int kRows = 1, int kCols = 1, typename Kernel>
+// (rows <= kMaxRows, cols <= kMaxTileCols, rows * cols <= kMaxTaps).
+template <int kMaxRows, int kMaxTaps, int kRows = 1, int kCols = 1, typename Kernel>
 void with_tile_shape(int64_t rows, int64_t cols, Kernel&& kernel) {
-  if constexpr (kRows < kMaxTileRows && (kRows + 1) * kCols <= kMaxTileTaps)
-    if (rows > kRows) return with_tile_shape<kRows + 1, kCols>(rows, cols, kernel);
-  if constexpr (kCols < kMaxTileCols && kRows * (kCols + 1) <= kMaxTileTaps)
-    if (cols > kCols) return with_tile_shape<kRows, kCols + 1>(rows, cols, kernel);
+  if constexpr (kRows < kMaxRows && (kRows + 1) * kCols <= kMaxTaps)
+    if (rows > kRows) return with_tile_shape<kMaxRows, kMaxTaps, kRows + 1, kCols>(rows, cols, kernel);
+  if constexpr (kCols < kMaxTileCols && kRows * (kCols + 1) <= kMaxTaps)
+    if (cols > kCols) return with_tile_shape<kMaxRows, kMaxTaps, kRows, kCols + 1>(rows, cols, kernel);
   kernel.template operator()<kRows, kCols>();
 }
 
@@ -245,11 +299,61 @@ at::vec::Vectorized<A> group_channel(const at::vec::Vectorized<A>& lanes, int64_
                                                     _mm256_set1_epi32(static_cast<int>(-group_channels)));
     return _mm256_permutevar8x32_ps(lanes, _mm256_add_epi32(first_of_group, _mm256_set1_epi32(static_cast<int>(i))));
   }
+#elif defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<A, float>) {
+    const __m512i first_of_group = _mm512_and_si512(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(static_cast<int>(-group_channels)));
+    return _mm512_permutexvar_ps(_mm512_add_epi32(first_of_group, _mm512_set1_epi32(static_cast<int>(i))), lanes);
+  }
 #endif
   A source[Vec::size()], target[Vec::size()];
   lanes.store(source);
   for (int64_t lane = 0; lane < Vec::size(); ++lane) target[lane] = source[lane / group_channels * group_channels + i];
   return Vec::loadu(target);
+}
+
+// dst[j * ld_dst + i] = src[i * ld_src + j] for i, j < kLanes. ATen's
+// AVX-512 float transpose takes its sizes at run time and is not inlined: it
+// took half of MobileNetV2's channels-first f32 time here, where this
+// unpack-and-shuffle sequence, in registers throughout, takes a few percent.
+template <typename A, int kLanes>
+void transpose_square(const A* src, int64_t ld_src, A* dst, int64_t ld_dst) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<A, float> && kLanes == 16) {
+    __m512 rows[16], pairs[16];
+    for (int i = 0; i < 16; ++i) rows[i] = _mm512_loadu_ps(src + i * ld_src);
+    // Within each 128-bit lane k: pairs of rows interleaved, then quads, so
+    // that rows[4 * i + j] lane k holds column 4 * k + j of rows 4i..4i+3.
+    for (int i = 0; i < 8; ++i) {
+      pairs[2 * i] = _mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]);
+      pairs[2 * i + 1] = _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]);
+    }
+    const auto quad = [](__m512 a, __m512 b, bool high) {
+      const __m512d a64 = _mm512_castps_pd(a), b64 = _mm512_castps_pd(b);
+      return _mm512_castpd_ps(high ? _mm512_unpackhi_pd(a64, b64) : _mm512_unpacklo_pd(a64, b64));
+    };
+    for (int i = 0; i < 4; ++i) {
+      rows[4 * i] = quad(pairs[4 * i], pairs[4 * i + 2], false);
+      rows[4 * i + 1] = quad(pairs[4 * i], pairs[4 * i + 2], true);
+      rows[4 * i + 2] = quad(pairs[4 * i + 1], pairs[4 * i + 3], false);
+      rows[4 * i + 3] = quad(pairs[4 * i + 1], pairs[4 * i + 3], true);
+    }
+    // Column 4 * k + j gathers lane k of rows[j], rows[4 + j], rows[8 + j], rows[12 + j].
+    for (int j = 0; j < 4; ++j) {
+      const __m512 even_low = _mm512_shuffle_f32x4(rows[j], rows[4 + j], 0x88);
+      const __m512 odd_low = _mm512_shuffle_f32x4(rows[j], rows[4 + j], 0xdd);
+      const __m512 even_high = _mm512_shuffle_f32x4(rows[8 + j], rows[12 + j], 0x88);
+      const __m512 odd_high = _mm512_shuffle_f32x4(rows[8 + j], rows[12 + j], 0xdd);
+      _mm512_storeu_ps(dst + j * ld_dst, _mm512_shuffle_f32x4(even_low, even_high, 0x88));
+      _mm512_storeu_ps(dst + (4 + j) * ld_dst, _mm512_shuffle_f32x4(odd_low, odd_high, 0x88));
+      _mm512_storeu_ps(dst + (8 + j) * ld_dst, _mm512_shuffle_f32x4(even_low, even_high, 0xdd));
+      _mm512_storeu_ps(dst + (12 + j) * ld_dst, _mm512_shuffle_f32x4(odd_low, odd_high, 0xdd));
+    }
+    return;
+  }
+#endif
+  at::vec::transpose_mxn<A, kLanes, kLanes>(src, ld_src, dst, ld_dst);
 }
 
 // Stages channels-first data the same way: channel c of pixel w is
@@ -268,11 +372,11 @@ void stage_transposed(const T* source, int64_t channel_stride, int64_t pixel_str
       A* block = staged + c0 / kLanes * block_pitch;
       const auto transpose = [&](int64_t w) {  // pixels [w, w + kLanes)
         if constexpr (std::is_same_v<T, A>) {
-          at::vec::transpose_mxn<A, kLanes, kLanes>(rows + w, channel_stride, block + w * kLanes, kLanes);
+          transpose_square<A, kLanes>(rows + w, channel_stride, block + w * kLanes, kLanes);
         } else {
           alignas(64) A converted[kLanes * kLanes];
           for (int i = 0; i < kLanes; ++i) load_lanes(rows + i * channel_stride + w).store(converted + i * kLanes);
-          at::vec::transpose_mxn<A, kLanes, kLanes>(converted, kLanes, block + w * kLanes, kLanes);
+          transpose_square<A, kLanes>(converted, kLanes, block + w * kLanes, kLanes);
         }
       };
       int64_t w = 0;
@@ -377,6 +481,10 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   const int64_t block_taps = group_channels * taps;
   std::vector<A> acc(blocks * block_taps * kLanes, A(0));
 
+  // Windows that the shared tile takes, kSharedWindows at a time; the rest
+  // go through channels_last_tile.
+  const bool shared = stride == dilation && !broadcast;
+  const int64_t shared_windows = shared ? windows / kSharedWindows * kSharedWindows : 0;
   // Taps along the row in tiles, each tile's input rows in groups its
   // registers allow.
   const std::vector<TapRange> cols = tap_tiles(args.kernel[2], kMaxTileCols);
@@ -390,22 +498,29 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   const A* tile_rows[kMaxTileRows];
   A* tile_acc[kMaxTileRows];
 
+  const auto grad_output_row = [&](int64_t n, int64_t y0, int64_t y1) {
+    return grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3];
+  };
+  const auto input_row = [&](int64_t n, const RowRead& read) {
+    return input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3];
+  };
+  const auto slot_of = [&](const RowRead& read) { return (read.iz % ring[0]) * ring[1] + read.iy % ring[1]; };
+  const auto row_index = [&](const RowRead& read) { return read.iz * args.in[1] + read.iy; };
   for (int64_t n = sample_begin; n < sample_end; ++n) {
     std::fill(staged_row_of_slot.begin(), staged_row_of_slot.end(), -1);
     for (int64_t y0 = 0; y0 < args.out[0]; ++y0) {
       for (int64_t y1 = 0; y1 < args.out[1]; ++y1) {
-        stage_channels(grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3], dy_strides[1],
-                       dy_strides[4], channels, windows, 0, dy_block_pitch, staged_grad_output.data());
+        stage_channels(grad_output_row(n, y0, y1), dy_strides[1], dy_strides[4], channels, windows, 0, dy_block_pitch,
+                       staged_grad_output.data());
         input_rows_of(args, y0, y1, reads);
         staged_rows.clear();
         for (const RowRead& read : reads) {
-          const int64_t slot = (read.iz % ring[0]) * ring[1] + read.iy % ring[1];
+          const int64_t slot = slot_of(read);
           A* staged = staged_input.data() + slot * slot_pitch;
-          if (staged_row_of_slot[slot] != read.iz * args.in[1] + read.iy) {
-            stage_channels(input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3], x_strides[1],
-                           x_strides[4], channels, input_pixels, args.pad_begin[2], block_pitch, staged, copies,
-                           input_block_pitch);
-            staged_row_of_slot[slot] = read.iz * args.in[1] + read.iy;
+          if (staged_row_of_slot[slot] != row_index(read)) {
+            stage_channels(input_row(n, read), x_strides[1], x_strides[4], channels, input_pixels, args.pad_begin[2],
+                           block_pitch, staged, copies, input_block_pitch);
+            staged_row_of_slot[slot] = row_index(read);
           }
           for (int64_t i = 0; i < group_channels; ++i)
             staged_rows.push_back({staged + (broadcast ? i : i * input_block_pitch), i * taps + read.tap});
@@ -415,20 +530,30 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
           const A* dy = staged_grad_output.data() + block * dy_block_pitch;
           A* block_acc = acc.data() + block * block_taps * kLanes;
           for (const TapRange& tile : cols) {
-            const int64_t group_rows = std::min<int64_t>(kMaxTileRows, kMaxTileTaps / tile.count);
-            for (int64_t r0 = 0; r0 < input_rows; r0 += group_rows) {
-              const int64_t rows = std::min(group_rows, input_rows - r0);
-              for (int64_t r = 0; r < rows; ++r) {
-                tile_rows[r] = staged_rows[r0 + r].staged + block * block_pitch + tile.first * dilation * kLanes;
-                tile_acc[r] = block_acc + (staged_rows[r0 + r].tap + tile.first) * kLanes;
+            const int64_t most_rows = shared ? std::min<int64_t>(kMaxSharedRows, kMaxSharedTaps / tile.count)
+                                             : std::min<int64_t>(kMaxTileRows, kMaxTileTaps / tile.count);
+            for (const TapRange& row_tile : tap_tiles(input_rows, most_rows)) {
+              for (int64_t r = 0; r < row_tile.count; ++r) {
+                const StagedRow& row = staged_rows[row_tile.first + r];
+                tile_rows[r] = row.staged + block * block_pitch + tile.first * dilation * kLanes;
+                tile_acc[r] = block_acc + (row.tap + tile.first) * kLanes;
               }
-              with_tile_shape(rows, tile.count, [&]<int kRows, int kCols>() {
+              if (shared) {
+                with_tile_shape<kMaxSharedRows, kMaxSharedTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
+                  channels_last_shared_tile<kRows, kCols>(tile_rows, stride * kLanes, dy, shared_windows, tile_acc);
+                });
+                // The last windows, fewer than kSharedWindows.
+                for (int64_t r = 0; r < row_tile.count; ++r) tile_rows[r] += shared_windows * stride * kLanes;
+              }
+              if (shared_windows == windows) continue;
+              with_tile_shape<kMaxTileRows, kMaxTileTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
+                const A* tile_dy = dy + shared_windows * kLanes;
                 if (broadcast)
-                  channels_last_tile<kRows, kCols, true>(tile_rows, stride * kLanes, dilation * kLanes, dy, windows,
-                                                         tile_acc);
+                  channels_last_tile<kRows, kCols, true>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
+                                                         windows - shared_windows, tile_acc);
                 else
-                  channels_last_tile<kRows, kCols, false>(tile_rows, stride * kLanes, dilation * kLanes, dy, windows,
-                                                          tile_acc);
+                  channels_last_tile<kRows, kCols, false>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
+                                                          windows - shared_windows, tile_acc);
               });
             }
           }
