@@ -159,34 +159,25 @@ def check_under_capability(problems, capability, algorithm, tmp_path):
         assert_matches_ref(out, REF.conv_backprop_filters(x, dy, shape, **attributes), x.dtype)
 
 
-def test_portable_depthwise_kernels(tmp_path):
-    """The kernels compiled for CPUs without AVX2 (ATen's DEFAULT capability, forced in a child
-    process): depthwise and groups of 4 and 8 in both layouts, with a partial vector of lanes."""
-    problems = []
-    for data_format in ("NXC", "NCX"):
-        for channels, groups, dtype in ((37, 37, torch.float32), (36, 9, torch.bfloat16), (32, 4, torch.float32)):
-            x = rand(data_shape(2, channels, (6, 9), data_format), dtype, seed=9)
-            dy = rand(data_shape(2, channels, (3, 5), data_format), dtype, seed=10)
-            problems.append((x, dy, [channels, channels // groups, 3, 3],
-                             dict(strides=2, pads_begin=1, pads_end=[0, 1], groups=groups, data_format=data_format,
-                                  filter_format="OIX")))
-    check_under_capability(problems, "DEFAULT", "depthwise", tmp_path)
-
-
-@pytest.mark.skipif(not AVX512, reason="on an AVX2 CPU the rest of the suite runs the AVX2 build")
-def test_avx2_depthwise_kernels_on_an_avx512_cpu(tmp_path):
-    """The depthwise kernels' AVX2 build, which an AVX-512 CPU runs only for groups of 8 channels
-    and the channels-first kernel, forced through ATen's AVX2 capability: depthwise in both layouts
-    (4 windows at a time and the rest), groups of 4 and 8, a partial vector of lanes."""
+@pytest.mark.parametrize("capability", [
+    "DEFAULT",
+    pytest.param("AVX2", marks=pytest.mark.skipif(not AVX512, reason="an AVX2 CPU runs the AVX2 build throughout"))])
+def test_depthwise_kernels_of_other_capabilities(capability, tmp_path):
+    """The builds this CPU does not run by itself, forced through ATen's capability in a child
+    process: the portable one (CPUs without AVX2) and, on an AVX-512 CPU, the AVX2 one (which it
+    runs only for groups of 8 channels and the channels-first kernel). Depthwise and groups of 4
+    and 8 in both layouts, with a partial vector of lanes, stride 2 and stride 1 (4 windows at a
+    time and the rest)."""
     problems = []
     for data_format in ("NXC", "NCX"):
         for channels, groups, dtype in ((37, 37, torch.float32), (36, 9, torch.bfloat16), (32, 4, torch.float16)):
-            x = rand(data_shape(2, channels, (6, 11), data_format), dtype, seed=13)
-            dy = rand(data_shape(2, channels, (6, 11), data_format), dtype, seed=14)
-            problems.append((x, dy, [channels, channels // groups, 3, 3],
-                             dict(pads_begin=1, pads_end=1, groups=groups, data_format=data_format,
-                                  filter_format="OIX")))
-    check_under_capability(problems, "AVX2", "depthwise", tmp_path)
+            for stride, size, out in ((2, (6, 9), (3, 5)), (1, (6, 11), (6, 11))):
+                x = rand(data_shape(2, channels, size, data_format), dtype, seed=9)
+                dy = rand(data_shape(2, channels, out, data_format), dtype, seed=10)
+                problems.append((x, dy, [channels, channels // groups, 3, 3],
+                                 dict(strides=stride, pads_begin=1, pads_end=[stride % 2, 1], groups=groups,
+                                      data_format=data_format, filter_format="OIX")))
+    check_under_capability(problems, capability, "depthwise", tmp_path)
 
 
 @pytest.mark.skipif(not AVX512, reason="on an AVX2 CPU the rest of the suite runs the AVX2 build")
