@@ -180,10 +180,14 @@ def test_depthwise_kernels_of_other_capabilities(capability, tmp_path):
     check_under_capability(problems, capability, "depthwise", tmp_path)
 
 
-@pytest.mark.skipif(not AVX512, reason="on an AVX2 CPU the rest of the suite runs the AVX2 build")
-def test_avx2_gemm_kernel_on_an_avx512_cpu(tmp_path):
-    """The fused GEMM kernel's AVX2 build, which the suite runs only on AVX2 CPUs, forced on an
-    AVX-512 one: f32, f16 and bf16, channel counts that leave partial tiles of both builds."""
+@pytest.mark.parametrize("capability", [
+    "DEFAULT",
+    pytest.param("AVX2", marks=pytest.mark.skipif(not AVX512, reason="an AVX2 CPU runs the AVX2 build throughout"))])
+def test_gemm_of_other_capabilities(capability, tmp_path):
+    """gemm where this CPU would not run it so, forced through ATen's capability in a child process:
+    BLAS alone (CPUs without AVX2: f16/bf16 converted as they are packed, or a block of samples at a
+    time where BLAS reads them in place, 1x1 in both layouts) and, on an AVX-512 CPU, the fused
+    kernel's AVX2 build (f32, f16 and bf16, channel counts that leave partial tiles of both builds)."""
     problems = []
     for data_format, dtype, channels, out_channels in (("NXC", torch.float32, 13, 21), ("NCX", torch.float16, 7, 40),
                                                          ("NXC", torch.bfloat16, 20, 9)):
@@ -192,7 +196,11 @@ def test_avx2_gemm_kernel_on_an_avx512_cpu(tmp_path):
         problems.append((x, dy, [out_channels, channels, 3, 3],
                          dict(strides=2, pads_begin=1, pads_end=[1, 0], data_format=data_format,
                               filter_format="OIX")))
-    check_under_capability(problems, "AVX2", "gemm", tmp_path)
+    for data_format, dtype in (("NXC", torch.float16), ("NCX", torch.bfloat16)):
+        x = rand(data_shape(3, 12, (5, 6), data_format), dtype, seed=15)
+        dy = rand(data_shape(3, 10, (5, 6), data_format), dtype, seed=16)
+        problems.append((x, dy, [10, 12, 1, 1], dict(data_format=data_format, filter_format="OIX")))
+    check_under_capability(problems, capability, "gemm", tmp_path)
 
 
 def test_an_algorithm_that_does_not_apply_leaves_the_problem_to_the_selector():

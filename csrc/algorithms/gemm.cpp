@@ -96,11 +96,9 @@ Layout plan(const Geometry& g) {
   return layout;
 }
 
-// (N, rows, C) matrices of `ncx5` (N, C, S0, S1, S2), a view where the
+// (N, rows, C) matrices of `ncx5` (N, C, S0, S1, S2): a view where the
 // spatial axes flatten.
-at::Tensor as_rows(const at::Tensor& ncx5, at::ScalarType dtype) {
-  return ncx5.to(dtype).flatten(2).transpose(1, 2);
-}
+at::Tensor as_rows(const at::Tensor& ncx5) { return ncx5.flatten(2).transpose(1, 2); }
 
 // Copies `source` into `target`, both (N, A, B, W, C) with target's channels
 // contiguous. Channels-first sources (W unit-stride, C not) go through the
@@ -177,11 +175,11 @@ at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::Scal
 }
 
 // The output gradient as rows (N, rows, O): a view of the caller's data, or
-// with `pack` a channels-last copy with row pitch (L1, L2).
+// with `pack` a channels-last copy in `dtype` with row pitch (L1, L2).
 at::Tensor grad_output_rows(const at::Tensor& dy5, const Layout& layout, at::ScalarType dtype, const Geometry& g,
                             bool pack) {
   const auto& plans = layout.plans;
-  if (!pack) return as_rows(dy5, dtype);
+  if (!pack) return as_rows(dy5);
   const at::Tensor packed = scratch_tensor(ScratchSlot::PackedGradOutput,
                                           {g.batch, g.out[0], plans[1].length, plans[2].length, g.out_channels},
                                           dy5.options().dtype(dtype));
@@ -227,20 +225,19 @@ at::Tensor run(const Problem& problem) {
   const auto& plans = layout.plans;
   const at::ScalarType dtype = compute_dtype(problem.input.scalar_type());
   const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
-  // The fused kernel reads f16/bf16 as they are; for BLAS they are converted.
+  // The fused kernel reads f16/bf16 as they are; for BLAS they are converted,
+  // as they are packed or, where BLAS reads the caller's data in place, a
+  // product's block of samples at a time.
   const bool fused_rows = fused_kernel_reads_rows(problem, layout, g);
   const at::ScalarType storage = fused_rows ? problem.input.scalar_type() : dtype;
   // (planes, N, rows, C) and (N, rows, O)
-  at::Tensor planes = layout.direct ? as_rows(x5, storage).unsqueeze(0) : pack_input(x5, plans, storage, g);
-  at::Tensor grad_output = grad_output_rows(dy5, layout, storage, g, packs_grad_output(problem, layout, fused_rows));
+  const at::Tensor planes = layout.direct ? as_rows(x5).unsqueeze(0) : pack_input(x5, plans, storage, g);
+  const at::Tensor grad_output =
+      grad_output_rows(dy5, layout, storage, g, packs_grad_output(problem, layout, fused_rows));
   // The fused kernel computes every tap at once from row-major operands; BLAS
   // takes the rest (float64, channels-first operands, other devices).
   const int64_t lda = planes.stride(2);
   const bool fused = fused_rows && planes.stride(3) == 1 && grad_output.stride(2) == 1 && planes.stride(0) % lda == 0;
-  if (!fused && storage != dtype) {
-    planes = planes.to(dtype);
-    grad_output = grad_output.to(dtype);
-  }
 
   const int64_t pitch1 = plans[2].length, pitch0 = plans[1].length * pitch1;
   // The flat rows of one sample's output gradient that hold windows.
@@ -286,11 +283,17 @@ at::Tensor run(const Problem& problem) {
                      out_per_group, taps[group].mutable_data_ptr<float>(), /*accumulate=*/first != 0);
       continue;
     }
-    // (count * plane_rows, channels) matrices starting at sample `first`.
-    const auto block = [&](const at::Tensor& per_sample) { return per_sample.narrow(0, first, count).flatten(0, 1); };
-    const at::Tensor b = block(grad_output).narrow(0, 0, product_rows);
+    // (count * plane_rows, channels) matrices starting at sample `first`, in
+    // the compute dtype. A whole-tensor conversion would write fresh memory
+    // and fault in every page of it: 1x1 64->256 NCX f16 took 7.1 ms so,
+    // 4.1 converted a sample at a time (N=8, 56x56, 2 threads).
+    const auto block = [&](const at::Tensor& per_sample, int64_t dim) {
+      return per_sample.narrow(dim, first, count).to(dtype);
+    };
+    const at::Tensor b = block(grad_output, 0).flatten(0, 1).narrow(0, 0, product_rows);
+    const at::Tensor plane_block = block(planes, 1);
     for (int64_t tap = 0; tap < g.taps(); ++tap) {
-      const at::Tensor a = block(planes[tap_planes[tap]]).narrow(0, tap_offsets[tap], product_rows);
+      const at::Tensor a = plane_block[tap_planes[tap]].flatten(0, 1).narrow(0, tap_offsets[tap], product_rows);
       for (int64_t group = 0; group < groups; ++group) {
         at::Tensor out = taps[group][tap];
         const at::Tensor a_group = a.narrow(1, group * in_per_group, in_per_group).t();
@@ -349,8 +352,15 @@ double cost(const Problem& problem, const Geometry& g) {
   double plane_bytes = static_cast<double>(g.batch) * g.in_channels * element_size;
   for (const AxisPlan& axis : layout.plans) plane_bytes *= static_cast<double>(axis.phase.size()) * axis.length;
   const double pack_bytes_per_second = (input_channels_last ? 6e9 : 3e9) * (avx512 ? 2.7 : 1);
-  seconds += ((packs_input ? (layout.direct ? input_bytes : plane_bytes) : 0) + (packs_dy ? grad_output_bytes : 0)) /
-             pack_bytes_per_second;
+  // Operands read in place are only converted, a block of samples at a time,
+  // keeping their layout: 15 GB/s of f16 on the Xeon, and at least a
+  // channels-last packing copy's rate elsewhere.
+  const double convert_bytes_per_second = avx512 ? 15e9 : 6e9;
+  const bool converts_input_only = layout.direct && converts;
+  const bool converts_dy_only = converts && !packs_grad_output(problem, layout, fused);
+  seconds += (packs_input ? (layout.direct ? input_bytes : plane_bytes) : 0) /
+                 (converts_input_only ? convert_bytes_per_second : pack_bytes_per_second) +
+             (packs_dy ? grad_output_bytes : 0) / (converts_dy_only ? convert_bytes_per_second : pack_bytes_per_second);
   if (g.groups > 1) {
     // Each group's product reads whole cache lines of every row, so groups of
     // a few channels read the same lines again: 144 groups of one channel
