@@ -103,12 +103,13 @@ def test_gemm_results_outlive_its_scratch_buffers(data_format):
 # 3 input rows (4 on AVX-512) times up to 8 taps along the row in registers:
 # these kernels make it split rows (5, 7, 9 rows) and taps along the row (9 =
 # 5 + 4), and stride, dilation and asymmetric pads move the padding both
-# kernels stage. Where stride equals dilation it takes 4 windows at a time
-# and the rest one by one (13 windows; 6 with stride 2; 3 with stride 3).
+# kernels stage. Where stride equals dilation it takes 8 windows at a time
+# (4 on AVX2) and the rest one by one (21 windows; 10 with stride 2; 6 with
+# stride 3, fewer than 8).
 # 37 and 36 channels leave a partial vector of lanes; groups of 8 f32
 # channels fill one, which the channels-last kernel broadcasts lane by lane.
 # Channels-first depthwise data goes through the channels-last kernel, which
-# transposes it as it stages it (rows of 4 to 13 pixels: whole, overlapping
+# transposes it as it stages it (rows of 6 to 21 pixels: whole, overlapping
 # and element-wise transposes), unless it has fewer channels than lanes (4).
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -120,7 +121,7 @@ def test_depthwise_and_grouped_kernels(channels, groups, kernel, stride, dilatio
     lanes = 4 if dtype == torch.float64 else 8
     if channels // groups > lanes:
         pytest.skip("groups wider than a vector of lanes run elsewhere")
-    size = (5, 13)
+    size = (5, 21)
     out = [(s + sum(pads) - dilation * (kernel - 1) - 1) // stride + 1 for s in size]
     x = rand(data_shape(1, channels, size, data_format), dtype, seed=7)
     dy = rand(data_shape(1, channels, out, data_format), dtype, seed=8)
