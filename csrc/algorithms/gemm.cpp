@@ -332,7 +332,7 @@ double cost(const Problem& problem, const Geometry& g) {
   const bool fused = fused_kernel_reads_rows(problem, layout, g);
   const bool converts = !fused && dtype != compute_dtype(dtype);
   const bool packs_input = !layout.direct || converts;
-  const bool packs_dy = packs_grad_output(problem, layout, fused) || converts;
+  const bool packs_dy = packs_grad_output(problem, layout, fused);
   const bool input_channels_last = problem.input.stride(1) == 1;
 
   const auto width = [fused](int64_t channels) {
@@ -352,15 +352,15 @@ double cost(const Problem& problem, const Geometry& g) {
   double plane_bytes = static_cast<double>(g.batch) * g.in_channels * element_size;
   for (const AxisPlan& axis : layout.plans) plane_bytes *= static_cast<double>(axis.phase.size()) * axis.length;
   const double pack_bytes_per_second = (input_channels_last ? 6e9 : 3e9) * (avx512 ? 2.7 : 1);
-  // Operands read in place are only converted, a block of samples at a time,
-  // keeping their layout: 15 GB/s of f16 on the Xeon, and at least a
-  // channels-last packing copy's rate elsewhere.
+  // An operand is packed, or where BLAS reads it in place only converted, a
+  // block of samples at a time, keeping its layout: 15 GB/s of f16 on the
+  // Xeon, and at least a channels-last packing copy's rate elsewhere.
   const double convert_bytes_per_second = avx512 ? 15e9 : 6e9;
-  const bool converts_input_only = layout.direct && converts;
-  const bool converts_dy_only = converts && !packs_grad_output(problem, layout, fused);
-  seconds += (packs_input ? (layout.direct ? input_bytes : plane_bytes) : 0) /
-                 (converts_input_only ? convert_bytes_per_second : pack_bytes_per_second) +
-             (packs_dy ? grad_output_bytes : 0) / (converts_dy_only ? convert_bytes_per_second : pack_bytes_per_second);
+  const auto copy_seconds = [&](bool packs, double packed_bytes, double bytes) {
+    return packs ? packed_bytes / pack_bytes_per_second : converts ? bytes / convert_bytes_per_second : 0.0;
+  };
+  seconds += copy_seconds(!layout.direct, plane_bytes, input_bytes) +
+             copy_seconds(packs_dy, grad_output_bytes, grad_output_bytes);
   if (g.groups > 1) {
     // Each group's product reads whole cache lines of every row, so groups of
     // a few channels read the same lines again: 144 groups of one channel
