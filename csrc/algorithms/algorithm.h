@@ -33,6 +33,7 @@ extern const Algorithm kGemmAlgorithm;             // gemm.cpp: one GEMM per ker
 extern const Algorithm kDepthwiseAlgorithm;        // depthwise.cpp: direct CPU kernel, groups == channels
 extern const Algorithm kDirectAlgorithm;           // direct.cpp: plain loops for tiny problems
 extern const Algorithm kAmxAlgorithm;              // amx.cpp: bf16 on AMX tiles (ATen's brgemm)
+extern const Algorithm kAmxPlanesAlgorithm;        // amx_planes.cpp: the same, input read from phase planes
 
 // Concrete (non-symbolic) sizes of a problem lifted to three spatial axes
 // (missing leading axes have size 1, kernel 1, stride 1, no padding), the
@@ -71,5 +72,7 @@ bool cpu_is_avx512();
 // Whether the CPU multiplies bf16 on AMX tiles, as oneDNN does for its bf16
 // convolutions there.
 bool cpu_has_amx_bf16();
+// Whether ATen's bf16 brgemm runs on AMX tiles here and now (amx.cpp).
+bool cpu_runs_brgemm_bf16();
 
 }  // namespace torch_convgrad

@@ -68,19 +68,10 @@ Roles roles_of(const Geometry& g) {
 }
 
 bool supports(const Problem& problem) {
-#ifdef CPUBLAS_BRGEMM_BF16BF16F32
   const at::Tensor& input = problem.input;
-  if (!input.device().is_cpu() || input.layout() != at::kStrided || input.scalar_type() != at::kBFloat16 ||
-      problem.grad_output.layout() != at::kStrided || problem.groups != 1)
-    return false;
-  static const bool amx = cpu_has_amx_bf16() && at::native::cpublas::could_pack(at::kBFloat16);
-  // ATen's brgemm runs oneDNN's ukernel, and refuses while oneDNN is disabled
-  // (torch.backends.mkldnn.flags(enabled=False)).
-  return amx && at::globalContext().userEnabledMkldnn() && roles_of(geometry_of(problem)).supported;
-#else
-  (void)problem;
-  return false;
-#endif
+  return input.device().is_cpu() && input.layout() == at::kStrided && input.scalar_type() == at::kBFloat16 &&
+         problem.grad_output.layout() == at::kStrided && problem.groups == 1 && cpu_runs_brgemm_bf16() &&
+         roles_of(geometry_of(problem)).supported;
 }
 
 // K columns a panel: its VNNI copy (K/2 x N pairs) stays in L2 next to A's
@@ -236,5 +227,16 @@ at::Tensor run(const Problem&) {
 }  // namespace
 
 const Algorithm kAmxAlgorithm{"amx", supports, cost, run};
+
+bool cpu_runs_brgemm_bf16() {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+  static const bool amx = cpu_has_amx_bf16() && at::native::cpublas::could_pack(at::kBFloat16);
+  // ATen's brgemm runs oneDNN's ukernel, and refuses while oneDNN is disabled
+  // (torch.backends.mkldnn.flags(enabled=False)).
+  return amx && at::globalContext().userEnabledMkldnn();
+#else
+  return false;
+#endif
+}
 
 }  // namespace torch_convgrad

@@ -115,4 +115,10 @@ void transpose_to_rows(const void* src, int64_t src_ld, void* dst, int64_t dst_l
   transpose(src, src_ld, dst, dst_ld, columns, rows, element_size);
 }
 
+void gather_every(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count,
+                  int64_t rows) {
+  const auto gather = cpu_is_avx512() ? kernel::AVX512::gather : kernel::DEFAULT::gather;
+  gather(src, src_ld, step, dst, dst_ld, count, rows);
+}
+
 }  // namespace torch_convgrad

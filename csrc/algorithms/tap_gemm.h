@@ -28,4 +28,10 @@ void tap_products(TapElement element, const void* a, int64_t lda, const void* b,
 void transpose_to_rows(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows,
                        int64_t element_size);
 
+// dst[r * dst_ld + i] = src[r * src_ld + i * step] for i < count, r < rows:
+// every step-th 16-bit element of strided rows, copied as it is (one phase of
+// a strided axis). step >= 1.
+void gather_every(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count,
+                  int64_t rows);
+
 }  // namespace torch_convgrad

@@ -43,14 +43,20 @@ struct Args {
 // dst[r * dst_ld + c] = src[c * src_ld + r] for c < columns, r < rows, for
 // elements of `element_size` 2 or 4 bytes (copied, not converted).
 //
+// gather copies every step-th element of rows (gather_every, tap_gemm.h).
+//
 // The products run on AVX2 and AVX-512 CPUs (gemm uses BLAS elsewhere); the
-// transposition has an AVX2 and a portable build.
+// transposition has an AVX2 and a portable build, the gather an AVX-512 and a
+// portable one.
 #define TORCH_CONVGRAD_TAP_GEMM_DECLARE_BLOCK                                                                    \
   void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows, \
              bool pack_a);
 #define TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE                                                              \
   void transpose(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows, \
                  int64_t element_size);
+#define TORCH_CONVGRAD_TAP_GEMM_DECLARE_GATHER                                                               \
+  void gather(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count, \
+              int64_t rows);
 
 // Each tile keeps kTileM x 2 vectors of accumulators in registers: 12 of
 // AVX2's 16, 24 of AVX-512's 32.
@@ -64,12 +70,15 @@ namespace AVX512 {
 constexpr int64_t kTileM = 12;
 constexpr int64_t kTileO = 32;
 TORCH_CONVGRAD_TAP_GEMM_DECLARE_BLOCK
+TORCH_CONVGRAD_TAP_GEMM_DECLARE_GATHER
 }  // namespace AVX512
 namespace DEFAULT {
 TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
+TORCH_CONVGRAD_TAP_GEMM_DECLARE_GATHER
 }
 #undef TORCH_CONVGRAD_TAP_GEMM_DECLARE_BLOCK
 #undef TORCH_CONVGRAD_TAP_GEMM_DECLARE_TRANSPOSE
+#undef TORCH_CONVGRAD_TAP_GEMM_DECLARE_GATHER
 
 }  // namespace torch_convgrad::tap_gemm_kernel
 
@@ -352,7 +361,53 @@ inline void block_impl(const Args& args, int64_t m_begin, int64_t m_end, int64_t
 
 #endif  // CPU_CAPABILITY_AVX2 || CPU_CAPABILITY_AVX512
 
-#ifndef CPU_CAPABILITY_AVX512
+#ifdef CPU_CAPABILITY_AVX512
+
+// Per block of 32 outputs, lane j reads source element j * step: from the
+// source vector p = j * step / 32, at its lane j * step % 32. So `step`
+// vector loads and masked permutes make 32 outputs, where element-by-element
+// copies make one a cycle.
+inline void gather_impl(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld,
+                        int64_t count, int64_t rows) {
+  constexpr int64_t kBlock = 32;
+  if (step > kBlock) {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < count; ++i) dst[r * dst_ld + i] = src[r * src_ld + i * step];
+    return;
+  }
+  std::array<__m512i, kBlock> lane_of;
+  std::array<__mmask32, kBlock> lanes_from;
+  for (int64_t p = 0; p < step; ++p) {
+    alignas(64) uint16_t lane[kBlock];
+    uint32_t mask = 0;
+    for (int64_t j = 0; j < kBlock; ++j) {
+      lane[j] = static_cast<uint16_t>(j * step % kBlock);
+      if (j * step / kBlock == p) mask |= uint32_t{1} << j;
+    }
+    lane_of[p] = _mm512_load_si512(lane);
+    lanes_from[p] = _cvtu32_mask32(mask);
+  }
+  const auto first = [](int64_t n) { return _cvtu32_mask32(n >= kBlock ? ~uint32_t{0} : (uint32_t{1} << n) - 1); };
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
+      const int64_t outputs = std::min(kBlock, count - i0);
+      const uint16_t* base = src + r * src_ld + i0 * step;
+      const int64_t span = (outputs - 1) * step + 1;  // source elements this block reads
+      __m512i out = _mm512_setzero_si512();
+      for (int64_t p = 0; p < step && p * kBlock < span; ++p)
+        out = _mm512_mask_permutexvar_epi16(out, lanes_from[p], lane_of[p],
+                                            _mm512_maskz_loadu_epi16(first(span - p * kBlock), base + p * kBlock));
+      _mm512_mask_storeu_epi16(dst + r * dst_ld + i0, first(outputs), out);
+    }
+}
+
+#else
+
+inline void gather_impl(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld,
+                        int64_t count, int64_t rows) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < count; ++i) dst[r * dst_ld + i] = src[r * src_ld + i * step];
+}
 
 // 8 x 8 blocks: at::vec's register transpose for float32 (AVX2), plain
 // loops otherwise and at the edges.
@@ -379,7 +434,7 @@ inline void transpose_impl(const void* src, int64_t src_ld, void* dst, int64_t d
     transpose_of(static_cast<const uint16_t*>(src), src_ld, static_cast<uint16_t*>(dst), dst_ld, columns, rows);
 }
 
-#endif  // !CPU_CAPABILITY_AVX512
+#endif  // CPU_CAPABILITY_AVX512
 
 }  // namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY
 

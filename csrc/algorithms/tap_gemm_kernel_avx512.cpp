@@ -11,4 +11,9 @@ void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, in
   block_impl(args, m_begin, m_end, o_begin, o_end, chunk_rows, pack_a);
 }
 
+void gather(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count,
+            int64_t rows) {
+  gather_impl(src, src_ld, step, dst, dst_ld, count, rows);
+}
+
 }  // namespace torch_convgrad::tap_gemm_kernel::AVX512

@@ -1,5 +1,5 @@
-// The transposition for any CPU (ATEN_CPU_CAPABILITY=default, or no AVX2); the
-// tap products themselves run only on AVX2 CPUs.
+// The transposition and the gather for any CPU (ATEN_CPU_CAPABILITY=default,
+// or no AVX2); the tap products themselves run only on AVX2 CPUs.
 #define CPU_CAPABILITY DEFAULT
 #define CPU_CAPABILITY_DEFAULT
 
@@ -10,6 +10,11 @@ namespace torch_convgrad::tap_gemm_kernel::DEFAULT {
 void transpose(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows,
                int64_t element_size) {
   transpose_impl(src, src_ld, dst, dst_ld, columns, rows, element_size);
+}
+
+void gather(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count,
+            int64_t rows) {
+  gather_impl(src, src_ld, step, dst, dst_ld, count, rows);
 }
 
 }  // namespace torch_convgrad::tap_gemm_kernel::DEFAULT
