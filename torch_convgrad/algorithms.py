@@ -11,7 +11,9 @@ algorithm that supports its problem by a cost model measured on each device:
 - ``"direct"``: plain CPU loops over the windows, for tiny problems, where a
   call's time is its fixed cost;
 - ``"amx"``: bf16 on the AMX tiles of CPUs that have them, through ATen's
-  batch-reduce GEMM, for channels-first data.
+  batch-reduce GEMM, for channels-first data, gathering the input per tap;
+- ``"amx_planes"``: the same tiles with the input copied once a sample into
+  phase planes that every tap reads in place.
 
 Every algorithm gives the same values to rounding, accumulates f16/bf16 in
 float32 and is deterministic. Forcing one (``use_algorithm`` or the environment

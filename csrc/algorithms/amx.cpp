@@ -28,17 +28,6 @@
 namespace torch_convgrad {
 namespace {
 
-// Whether the spatial axes of a (N, C, X0, X1, X2) tensor with these sizes and
-// strides flatten into one with stride 1.
-bool spatial_flattens(const int64_t (&sizes)[3], const int64_t (&strides)[5]) {
-  int64_t expected = 1;
-  for (int64_t axis = 2; axis >= 0; --axis) {
-    if (sizes[axis] != 1 && strides[2 + axis] != expected) return false;
-    expected *= sizes[axis];
-  }
-  return true;
-}
-
 // Which operand is A, the one read in place (`supported` false where neither
 // can be), and the channels of A (C's rows) and B (its columns).
 struct Roles {
@@ -75,11 +64,8 @@ bool supports(const Problem& problem) {
 }
 
 // K columns a panel: its VNNI copy (K/2 x N pairs) stays in L2 next to A's
-// rows. Panels of 512 to 4096 columns and blocks of 64 to 256 rows and
-// columns measured within noise of each other.
+// rows. Panels of 512 to 4096 columns measured within noise of each other.
 constexpr int64_t kPanelColumns = 2048;
-// Blocks of C a brgemm call computes.
-constexpr int64_t kBlockRows = 128, kBlockColumns = 128;
 
 // Whether B is gathered into a staging copy first: read in place it needs K
 // contiguous, whole pairs in every channel's row and an even K.
@@ -197,11 +183,7 @@ at::Tensor run(const Problem& problem) {
         const int64_t k = std::min(kPanelColumns, even_positions - k0);
         // Pairs of bf16 as one 32-bit element: (N x K/2) -> (K/2 x N).
         transpose_to_rows(b + k0, ldb / 2, panel_data, n_columns, n_columns, k / 2, 4);
-        for (int64_t row = 0; row < m; row += kBlockRows)
-          for (int64_t column = 0; column < n_columns; column += kBlockColumns)
-            at::native::cpublas::brgemm(std::min(kBlockRows, m - row), std::min(kBlockColumns, n_columns - column), k,
-                                        lda, n_columns, n_columns, /*add_C=*/true, a + row * lda + k0,
-                                        panel_data + 2 * column, c + row * n_columns + column);
+        brgemm_bf16_blocks(m, n_columns, k, lda, a + k0, panel_data, c);
       }
       if (positions % 2 == 1)  // the last position, outside every pair
         for (int64_t row = 0; row < m; ++row) {
@@ -236,6 +218,21 @@ bool cpu_runs_brgemm_bf16() {
   return amx && at::globalContext().userEnabledMkldnn();
 #else
   return false;
+#endif
+}
+
+void brgemm_bf16_blocks(int64_t m, int64_t n, int64_t k, int64_t lda, const at::BFloat16* a,
+                        const at::BFloat16* vnni_b, float* c) {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+  // Blocks of 64 to 256 rows and columns measured within noise of each other.
+  constexpr int64_t kBlockRows = 128, kBlockColumns = 128;
+  for (int64_t row = 0; row < m; row += kBlockRows)
+    for (int64_t column = 0; column < n; column += kBlockColumns)
+      at::native::cpublas::brgemm(std::min(kBlockRows, m - row), std::min(kBlockColumns, n - column), k, lda, n, n,
+                                  /*add_C=*/true, a + row * lda, vnni_b + 2 * column, c + row * n + column);
+#else
+  (void)m, (void)n, (void)k, (void)lda, (void)a, (void)vnni_b, (void)c;
+  TORCH_CHECK(false, "brgemm_bf16_blocks needs ATen's cpublas::brgemm");
 #endif
 }
 

@@ -30,7 +30,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstring>
 
 namespace torch_convgrad {
 namespace {
@@ -82,21 +81,14 @@ bool supports(const Problem& problem) {
 // K columns a panel of B: its VNNI copy and the taps' runs of A stay in L2
 // while every tap reads them. On ResNet-50's 3x3 64-channel layer, panels of
 // 512 ran at 505 GMAC/s and of 2048 at 271; the other layers changed by 10%
-// or less. Blocks of C a brgemm call computes, as in amx.cpp.
+// or less.
 constexpr int64_t kPanelColumns = 512;
-constexpr int64_t kBlockRows = 128, kBlockColumns = 128;
 
 // Whether B is copied into wide positions first: read in place it needs the
 // outputs' positions as rows of even length at an even channel stride.
 bool b_needs_staging(const Geometry& g, const Planes& planes) {
-  const int64_t (&sizes)[3] = g.out;
-  int64_t expected = 1;
-  bool flattens = true;
-  for (int64_t axis = 2; axis >= 0; --axis) {
-    flattens &= sizes[axis] == 1 || g.grad_output_strides[2 + axis] == expected;
-    expected *= sizes[axis];
-  }
-  return planes.wide || !flattens || planes.columns != g.out_positions() || g.grad_output_strides[1] % 2 != 0;
+  return planes.wide || !spatial_flattens(g.out, g.grad_output_strides) || planes.columns != g.out_positions() ||
+         g.grad_output_strides[1] % 2 != 0;
 }
 
 // Samples are split into groups of taps where there are too few of them to
@@ -234,12 +226,7 @@ at::Tensor run(const Problem& problem) {
                                         tap % g.kernel[2]};
           const auto* a = reinterpret_cast<const at::BFloat16*>(a_data) +
                           planes.phase(g, tap_index) * planes.plane_stride + planes.offset(g, tap_index) + k0;
-          float* c = thread_c + tap * m * n_columns;
-          for (int64_t row = 0; row < m; row += kBlockRows)
-            for (int64_t column = 0; column < n_columns; column += kBlockColumns)
-              at::native::cpublas::brgemm(std::min(kBlockRows, m - row), std::min(kBlockColumns, n_columns - column),
-                                          k, lda, n_columns, n_columns, /*add_C=*/true, a + row * lda,
-                                          panel_data + 2 * column, c + row * n_columns + column);
+          brgemm_bf16_blocks(m, n_columns, k, lda, a, panel_data, thread_c + tap * m * n_columns);
         }
       }
     }
