@@ -84,6 +84,49 @@ def test_gemm_tiles_that_span_taps(dtype, channels, groups, stride):
     assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
+# A strided last axis whose taps read every phase keeps its phases side by
+# side in one plane, a tap reading rows of `stride` pixels at a column; the
+# input itself serves where no padding is read and (beyond one line a sample)
+# its rows hold whole windows' worth of pixels. A sample of one line of 1024
+# windows or more multiplies on its own instead of through a pitched copy.
+GEMM_INTERLEAVED_CASES = {
+    # name: (n, c, o, size, kernel, attributes, layout)
+    "1-D-in-place": (2, 6, 5, (103,), (10,), dict(strides=5), "NXC"),
+    "1-D-long-line": (2, 3, 4, (5200,), (10,), dict(strides=5), "NXC"),
+    "1-D-long-line-packed": (2, 3, 4, (5200,), (10,), dict(strides=5, pads_begin=2), "NCX"),
+    "2-D-in-place": (2, 5, 7, (8, 12), (3, 4), dict(strides=(1, 2)), "NXC"),
+    "2-D-pads-dilation": (2, 4, 6, (9, 13), (3, 3), dict(strides=(2, 3), dilations=(1, 2), pads_begin=(1, 2),
+                                                         pads_end=(0, 1)), "NXC"),
+    "2-D-sliced": (2, 4, 6, (9, 26), (3, 3), dict(strides=2), "sliced"),
+    "3-D-groups": (1, 8, 6, (4, 5, 9), (2, 2, 3), dict(strides=(1, 2, 3), groups=2), "NCX"),
+    "1x1-stride-2": (2, 6, 5, (7, 9), (1, 1), dict(strides=2), "NXC"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("case", list(GEMM_INTERLEAVED_CASES))
+def test_gemm_interleaves_the_phases_of_a_strided_last_axis(case, dtype):
+    n, c, o, size, kernel, attributes, layout = GEMM_INTERLEAVED_CASES[case]
+    rank = len(size)
+    expand = lambda value: [value] * rank if isinstance(value, int) else list(value)
+    s, d = expand(attributes.get("strides", 1)), expand(attributes.get("dilations", 1))
+    pb, pe = expand(attributes.get("pads_begin", 0)), expand(attributes.get("pads_end", 0))
+    out = [(x + b + e - (k - 1) * dd - 1) // ss + 1 for x, b, e, k, dd, ss in zip(size, pb, pe, kernel, d, s)]
+    data_format = "NCX" if layout == "NCX" else "NXC"
+    x = rand(data_shape(n, c, size, data_format), dtype, seed=17)
+    if layout == "sliced":  # every other pixel of a twice-as-wide row: not read in place
+        x = x[..., ::2, :]
+        size = (size[0], size[1] // 2)
+        out = [(x_ + b + e - (k - 1) * dd - 1) // ss + 1 for x_, b, e, k, dd, ss in zip(size, pb, pe, kernel, d, s)]
+    dy = rand(data_shape(n, o, out, data_format), dtype, seed=18)
+    groups = attributes.get("groups", 1)
+    shape = [o, c // groups, *kernel]
+    attributes = dict(attributes, data_format=data_format, filter_format="OIX")
+    result, ran = run("gemm", x, dy, shape, attributes)
+    assert ran == "gemm"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
+
+
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_gemm_results_outlive_its_scratch_buffers(data_format):
     # gemm packs its operands into per-thread buffers that the next call reuses.

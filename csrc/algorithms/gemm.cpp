@@ -42,9 +42,38 @@ struct AxisPlan {
   std::vector<int64_t> origin;         // per phase plane: its first row's window-relative offset
   std::vector<int64_t> tap_plane;      // per tap: its phase plane
   std::vector<int64_t> tap_offset;     // per tap: its offset from the output position, in plane rows
+  std::vector<int64_t> tap_column;     // per tap: its position within an interleaved row (else 0)
   int64_t length = 0;                  // rows of every phase plane
-  bool direct = false;                 // the plane is the input itself (stride 1, no padding read)
+  int64_t interleave = 1;              // positions a row: the stride where its phases share one plane
+  bool direct = false;                 // the plane is the input itself (no padding read)
 };
+
+// Every phase of a strided axis in one plane instead, side by side: a row
+// holds `stride` consecutive positions, so tap k reads the row of its window
+// at a fixed offset and column. The plane is then a plain (padded) copy of
+// the input, contiguous along the axis, or the input itself.
+AxisPlan plan_interleaved_axis(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t dilation,
+                               int64_t pad_begin) {
+  AxisPlan plan;
+  plan.interleave = stride;
+  // Row i holds input positions (i + origin) * stride + column.
+  const int64_t origin = floor_div(-pad_begin, stride);
+  int64_t furthest = 0;  // the largest shift from a window's first row
+  for (int64_t tap = 0; tap < kernel; ++tap) {
+    const int64_t shift = tap * dilation - pad_begin - origin * stride;
+    plan.tap_plane.push_back(0);
+    plan.tap_offset.push_back(shift / stride);
+    plan.tap_column.push_back(shift % stride);
+    furthest = std::max(furthest, shift);
+  }
+  plan.phase = {0};
+  plan.origin = {origin};
+  plan.length = out + furthest / stride;
+  // Without padding, the input's rows serve, as many as it holds whole.
+  plan.direct = origin == 0 && plan.length * stride <= in;
+  if (plan.direct) plan.length = in / stride;
+  return plan;
+}
 
 AxisPlan plan_axis(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t dilation, int64_t pad_begin) {
   AxisPlan plan;
@@ -64,6 +93,7 @@ AxisPlan plan_axis(int64_t in, int64_t out, int64_t kernel, int64_t stride, int6
     highest[plane] = std::max(highest[plane], offset);
     plan.tap_plane.push_back(plane);
     plan.tap_offset.push_back(offset);
+    plan.tap_column.push_back(0);
   }
   plan.direct = stride == 1 && lowest[0] >= 0 && out - 1 + highest[0] < in;
   if (plan.direct) {
@@ -77,6 +107,12 @@ AxisPlan plan_axis(int64_t in, int64_t out, int64_t kernel, int64_t stride, int6
   for (int64_t tap = 0; tap < kernel; ++tap) plan.tap_offset[tap] -= plan.origin[plan.tap_plane[tap]];
   return plan;
 }
+
+// Windows a line that a product of one sample's rows amortises (about 4 us
+// of call overhead against a copy of the output gradient for a pitch that
+// multiplies samples together): a 1-D layer of 3199 windows (k10 s5,
+// 32 -> 64 channels, N = 4, f32) took 1.84 ms so, 2.13 with the copy.
+constexpr int64_t kLongLine = 1024;
 
 struct Layout {
   AxisPlan plans[3];
@@ -92,7 +128,27 @@ Layout plan(const Geometry& g) {
         plan_axis(g.in[axis], g.out[axis], g.kernel[axis], g.stride[axis], g.dilation[axis], g.pad_begin[axis]);
     layout.direct &= layout.plans[axis].direct;
   }
-  layout.pitched = layout.plans[1].length != g.out[1] || layout.plans[2].length != g.out[2];
+  // A strided last axis whose taps read every phase interleaves them: its
+  // rows are copied contiguously (or read in place), where separate planes
+  // take a strided gather. Channels-last input of whole rows is read in place.
+  AxisPlan& last = layout.plans[2];
+  if (g.stride[2] > 1 && static_cast<int64_t>(last.phase.size()) == g.stride[2]) {
+    last = plan_interleaved_axis(g.in[2], g.out[2], g.kernel[2], g.stride[2], g.dilation[2], g.pad_begin[2]);
+    const int64_t* strides = g.input_strides;
+    const bool whole_rows = last.length * last.interleave == g.in[2] || g.in[0] * g.in[1] == 1;
+    const bool pixels_contiguous = strides[1] == 1 && strides[4] == g.in_channels &&
+                                   (g.in[1] == 1 || strides[3] == g.in[2] * strides[4]) &&
+                                   (g.in[0] == 1 || strides[2] == g.in[1] * strides[3]);
+    layout.direct = layout.plans[0].direct && layout.plans[1].direct && last.direct && whole_rows &&
+                    pixels_contiguous;
+  }
+  // The output gradient's rows need the planes' pitch where a sample has
+  // several lines of windows; with one line, only to multiply samples
+  // together, which is worth its copy only for short lines.
+  const bool lines_pitched = (g.out[1] > 1 && layout.plans[2].length != g.out[2]) ||
+                             (g.out[0] > 1 && layout.plans[1].length * layout.plans[2].length != g.out[1] * g.out[2]);
+  const bool samples_pitched = layout.plans[2].length != g.out[2] && g.out[2] < kLongLine;
+  layout.pitched = lines_pitched || samples_pitched;
   return layout;
 }
 
@@ -133,14 +189,19 @@ void copy_as_rows(const at::Tensor& target, const at::Tensor& source) {
                    });
 }
 
-// The input as phase planes: (planes, N, rows, C), channels-last, zero outside the input.
+// The input as phase planes: (planes, N, rows, C * interleave), channels-last,
+// zero outside the input.
 at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::ScalarType dtype, const Geometry& g) {
   const int64_t counts[3] = {static_cast<int64_t>(plans[0].phase.size()), static_cast<int64_t>(plans[1].phase.size()),
                              static_cast<int64_t>(plans[2].phase.size())};
-  const at::Tensor packed = scratch_tensor(ScratchSlot::PackedInput,
-                                          {counts[0] * counts[1] * counts[2], g.batch, plans[0].length,
-                                           plans[1].length, plans[2].length, g.in_channels},
-                                          x5.options().dtype(dtype));
+  // An interleaved axis is packed as a stride-1 one: position u of the
+  // plane's (length * stride) holds input position u + origin * stride.
+  int64_t lengths[3];
+  for (int64_t axis = 0; axis < 3; ++axis) lengths[axis] = plans[axis].length * plans[axis].interleave;
+  const at::Tensor packed = scratch_tensor(
+      ScratchSlot::PackedInput,
+      {counts[0] * counts[1] * counts[2], g.batch, lengths[0], lengths[1], lengths[2], g.in_channels},
+      x5.options().dtype(dtype));
   const at::Tensor x_nxc = x5.permute({0, 2, 3, 4, 1});
   for (int64_t p0 = 0; p0 < counts[0]; ++p0)
     for (int64_t p1 = 0; p1 < counts[1]; ++p1)
@@ -152,17 +213,19 @@ at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::Scal
         bool empty = false;
         for (int64_t axis = 0; axis < 3; ++axis) {
           const AxisPlan& plan = plans[axis];
-          const int64_t s = g.stride[axis], phase = plan.phase[planes[axis]], origin = plan.origin[planes[axis]];
+          const int64_t interleave = plan.interleave;
+          const int64_t s = g.stride[axis] / interleave, phase = plan.phase[planes[axis]],
+                        origin = plan.origin[planes[axis]] * interleave;
           // Row i holds input position (i + origin) * s + phase.
           const int64_t first = std::max<int64_t>(0, -origin);
-          const int64_t end = std::min(plan.length, floor_div(g.in[axis] - phase + s - 1, s) - origin);
+          const int64_t end = std::min(lengths[axis], floor_div(g.in[axis] - phase + s - 1, s) - origin);
           if (end <= first) {
             empty = true;
             break;
           }
           const int64_t dim = 1 + axis;
           plane.narrow(dim, 0, first).zero_();
-          plane.narrow(dim, end, plan.length - end).zero_();
+          plane.narrow(dim, end, lengths[axis] - end).zero_();
           interior = interior.narrow(dim, first, end - first);
           source = source.slice(dim, (first + origin) * s + phase, (end - 1 + origin) * s + phase + 1, s);
         }
@@ -171,7 +234,18 @@ at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::Scal
         else
           copy_as_rows(interior, source);
       }
-  return packed.flatten(2, 4);
+  const int64_t interleave = plans[2].interleave;
+  return packed.flatten(2, 4).unflatten(2, {-1, interleave}).flatten(3, 4);
+}
+
+// The input read in place as (1, N, rows, C * interleave): channels-last
+// pixels, rows of `interleave` of them.
+at::Tensor input_rows(const at::Tensor& x5, const Layout& layout) {
+  const int64_t interleave = layout.plans[2].interleave;
+  if (interleave == 1) return as_rows(x5).unsqueeze(0);
+  const int64_t rows = x5.size(2) * x5.size(3) * layout.plans[2].length;
+  return x5.as_strided({1, x5.size(0), rows, interleave * x5.size(1)},
+                       {0, x5.stride(0), interleave * x5.stride(4), 1});
 }
 
 // The output gradient as rows (N, rows, O): a view of the caller's data, or
@@ -231,13 +305,13 @@ at::Tensor run(const Problem& problem) {
   const bool fused_rows = fused_kernel_reads_rows(problem, layout, g);
   const at::ScalarType storage = fused_rows ? problem.input.scalar_type() : dtype;
   // (planes, N, rows, C) and (N, rows, O)
-  const at::Tensor planes = layout.direct ? as_rows(x5).unsqueeze(0) : pack_input(x5, plans, storage, g);
+  const at::Tensor planes = layout.direct ? input_rows(x5, layout) : pack_input(x5, plans, storage, g);
   const at::Tensor grad_output =
       grad_output_rows(dy5, layout, storage, g, packs_grad_output(problem, layout, fused_rows));
   // The fused kernel computes every tap at once from row-major operands; BLAS
   // takes the rest (float64, channels-first operands, other devices).
   const int64_t lda = planes.stride(2);
-  const bool fused = fused_rows && planes.stride(3) == 1 && grad_output.stride(2) == 1 && planes.stride(0) % lda == 0;
+  const bool fused = fused_rows && planes.stride(3) == 1 && grad_output.stride(2) == 1;
 
   const int64_t pitch1 = plans[2].length, pitch0 = plans[1].length * pitch1;
   // The flat rows of one sample's output gradient that hold windows.
@@ -251,10 +325,10 @@ at::Tensor run(const Problem& problem) {
   const int64_t samples_per_product =
       samples_flatten ? std::max<int64_t>(1, kRowsPerProduct / std::max<int64_t>(plane_rows, 1)) : 1;
 
-  // Each tap's phase plane and row offset in it.
+  // Each tap's phase plane, row offset in it and first column.
   const int64_t plane_counts[2] = {static_cast<int64_t>(plans[1].phase.size()),
                                    static_cast<int64_t>(plans[2].phase.size())};
-  std::vector<int64_t> tap_planes, tap_offsets;
+  std::vector<int64_t> tap_planes, tap_offsets, tap_columns;
   for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
     for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
       for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
@@ -262,13 +336,14 @@ at::Tensor run(const Problem& problem) {
                              plans[2].tap_plane[k2]);
         tap_offsets.push_back(plans[0].tap_offset[k0] * pitch0 + plans[1].tap_offset[k1] * pitch1 +
                               plans[2].tap_offset[k2]);
+        tap_columns.push_back(plans[2].tap_column[k2] * g.in_channels);
       }
 
   const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
   const at::Tensor taps = at::empty({groups, g.taps(), in_per_group, out_per_group}, grad_output.options().dtype(dtype));
   std::vector<int64_t> fused_offsets;
   for (size_t tap = 0; tap < tap_offsets.size(); ++tap)
-    fused_offsets.push_back(tap_planes[tap] * (planes.stride(0) / lda) + tap_offsets[tap]);
+    fused_offsets.push_back(tap_planes[tap] * planes.stride(0) + tap_offsets[tap] * lda + tap_columns[tap]);
 
   for (int64_t first = 0; first < g.batch; first += samples_per_product) {
     const int64_t count = std::min(samples_per_product, g.batch - first);
@@ -296,7 +371,7 @@ at::Tensor run(const Problem& problem) {
       const at::Tensor a = plane_block[tap_planes[tap]].flatten(0, 1).narrow(0, tap_offsets[tap], product_rows);
       for (int64_t group = 0; group < groups; ++group) {
         at::Tensor out = taps[group][tap];
-        const at::Tensor a_group = a.narrow(1, group * in_per_group, in_per_group).t();
+        const at::Tensor a_group = a.narrow(1, tap_columns[tap] + group * in_per_group, in_per_group).t();
         const at::Tensor b_group = b.narrow(1, group * out_per_group, out_per_group);
         if (first == 0)
           at::mm_out(out, a_group, b_group);
@@ -317,11 +392,15 @@ bool supports(const Problem&) { return true; }
 // and less below 128 channels; packing copies about 6 GB/s from channels-last
 // data and 3 GB/s from channels-first (a transposition); each BLAS product
 // call costs about 4 us. On an Intel Xeon (Sapphire Rapids, AVX-512, 2
-// threads) the fused kernel's AVX-512 build ran at 110-140 GMAC/s in f32
-// (75-90% of torch.mm on the same shapes) and 90 in f16, BLAS on 1x1 NCX
-// layers at 130-165, and channels-last copies of phase planes at 19-21 GB/s,
-// channels-first ones at 9 (2026-11-23). On other devices this is not
-// calibrated: it runs there only when forced.
+// threads), BLAS ran 1x1 NCX layers at 130-165 GMAC/s and channels-last copies
+// of phase planes at 19-21 GB/s, channels-first ones at 9 (2026-11-23). The
+// fused kernel's AVX-512 build ran the benchmark's layers at 165 GMAC/s in f32
+// and f16 alike, 0.7 times that at 64 product rows (1x1, 64 input channels),
+// and copies with contiguous rows at 32 GB/s (channels-last) and 19 (through
+// the transposition) on 2026-11-24, a day when torch.mm and oneDNN ran
+// 1.2-1.3 times as fast as the day before: the constants are the earlier
+// day's. On other devices this is not calibrated: it runs there only when
+// forced.
 double cost(const Problem& problem, const Geometry& g) {
   if (!problem.input.is_cpu()) return 1e30;
   const Layout layout = plan(g);
@@ -339,8 +418,12 @@ double cost(const Problem& problem, const Geometry& g) {
     return fused ? std::min(1.0, (channels + 32) / 96.0) : std::min(1.0, (channels + 200) / 296.0);
   };
   const bool avx512 = cpu_is_avx512();
+  // The AVX-512 build's rate follows the rows of its product, taps times
+  // input channels (each row of B is packed once for all of them).
+  const double fused_avx512_width = std::min(1.0, (g.taps() * in_per_group + 64) / 184.0);
   double macs_per_second =
-      (fused ? (avx512 ? 110e9 : 60e9) : (avx512 ? 150e9 : 48e9)) * width(in_per_group) * width(out_per_group);
+      fused ? (avx512 ? 130e9 * fused_avx512_width : 60e9 * width(in_per_group)) * width(out_per_group)
+            : (avx512 ? 150e9 : 48e9) * width(in_per_group) * width(out_per_group);
   if (dtype == at::kDouble) macs_per_second /= 2;
   double seconds = 30e-6 + g.macs() * (padded_rows / rows) / macs_per_second;
 
@@ -350,17 +433,28 @@ double cost(const Problem& problem, const Geometry& g) {
   // The phase planes hold only the input that taps read: a quarter of it for
   // a 1x1 kernel with stride 2.
   double plane_bytes = static_cast<double>(g.batch) * g.in_channels * element_size;
-  for (const AxisPlan& axis : layout.plans) plane_bytes *= static_cast<double>(axis.phase.size()) * axis.length;
-  const double pack_bytes_per_second = (input_channels_last ? 6e9 : 3e9) * (avx512 ? 2.7 : 1);
+  for (const AxisPlan& axis : layout.plans)
+    plane_bytes *= static_cast<double>(axis.phase.size()) * axis.length * axis.interleave;
+  // Rows whose last axis stays contiguous in the copy (stride 1, or its
+  // phases interleaved) move as whole runs, or through the transposing kernel
+  // from channels-first data; phase planes of a strided last axis take a
+  // pixel at a time.
+  const auto pack_bytes_per_second = [avx512](bool channels_last, bool contiguous_rows) {
+    if (!avx512) return channels_last ? 6e9 : 3e9;
+    return channels_last ? (contiguous_rows ? 25e9 : 16e9) : (contiguous_rows ? 15e9 : 8e9);
+  };
   // An operand is packed, or where BLAS reads it in place only converted, a
   // block of samples at a time, keeping its layout: 15 GB/s of f16 on the
   // Xeon, and at least a channels-last packing copy's rate elsewhere.
   const double convert_bytes_per_second = avx512 ? 15e9 : 6e9;
-  const auto copy_seconds = [&](bool packs, double packed_bytes, double bytes) {
-    return packs ? packed_bytes / pack_bytes_per_second : converts ? bytes / convert_bytes_per_second : 0.0;
+  const auto copy_seconds = [&](bool packs, double packed_bytes, double bytes, double bytes_per_second) {
+    return packs ? packed_bytes / bytes_per_second : converts ? bytes / convert_bytes_per_second : 0.0;
   };
-  seconds += copy_seconds(!layout.direct, plane_bytes, input_bytes) +
-             copy_seconds(packs_dy, grad_output_bytes, grad_output_bytes);
+  const bool input_rows_contiguous = g.stride[2] == 1 || layout.plans[2].interleave > 1;
+  seconds += copy_seconds(!layout.direct, plane_bytes, input_bytes,
+                          pack_bytes_per_second(input_channels_last, input_rows_contiguous)) +
+             copy_seconds(packs_dy, grad_output_bytes, grad_output_bytes,
+                          pack_bytes_per_second(problem.grad_output.stride(1) == 1, true));
   if (g.groups > 1) {
     // Each group's product reads whole cache lines of every row, so groups of
     // a few channels read the same lines again: 144 groups of one channel

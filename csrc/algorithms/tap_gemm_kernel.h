@@ -1,6 +1,6 @@
 // The tap-product kernel behind tap_products (tap_gemm.h):
 //
-//   out[t][c][o] (+)= sum_{r < rows} a[(offsets[t] + r) * lda + c] * b[r * ldb + o]
+//   out[t][c][o] (+)= sum_{r < rows} a[offsets[t] + r * lda + c] * b[r * ldb + o]
 //
 // Taps and channels of A flatten into one axis m = t * channels_a + c, so out
 // is one (m, o) matrix and every tap shares the loads of B. A and B hold
@@ -287,7 +287,8 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const int64_t first_tap = m_begin / args.channels_a, last_tap = (m_end - 1) / args.channels_a;
   const int64_t channel_begin = first_tap == last_tap ? m_begin % args.channels_a : 0;
   const int64_t channel_end = first_tap == last_tap ? (m_end - 1) % args.channels_a + 1 : args.channels_a;
-  const int64_t ahead = *std::max_element(args.offsets + first_tap, args.offsets + last_tap + 1);
+  // The block's tap that reads furthest into A, to prefetch from.
+  const T* const ahead = a_data + *std::max_element(args.offsets + first_tap, args.offsets + last_tap + 1);
   for (int64_t r0 = 0; r0 < args.rows; r0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, args.rows - r0);
     const bool zero = r0 == 0 && !args.accumulate;
@@ -300,7 +301,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
     }
     for (int64_t m = m_begin; m < m_end; ++m) {
       const int64_t tap = m / args.channels_a, channel = m % args.channels_a;
-      a[m - m_begin] = a_data + (args.offsets[tap] + r0) * args.lda + channel;
+      a[m - m_begin] = a_data + args.offsets[tap] + r0 * args.lda + channel;
     }
     int64_t lda = args.lda;
     if (pack_a) {
@@ -339,7 +340,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const int64_t part = slab * tiles + tile;
         prefetch_rows(b_data, args.ldb, r0 + rows, next_rows, o_begin, o_end, part, slabs * tiles);
-        prefetch_rows(a_data, args.lda, ahead + r0 + rows, next_rows, channel_begin, channel_end, part,
+        prefetch_rows(ahead, args.lda, r0 + rows, next_rows, channel_begin, channel_end, part,
                       slabs * tiles);
         const int64_t m0 = m_begin + tile * kTileM, height = std::min(kTileM, m_end - m0);
         pick_tile(height, width)(a_tiles.data() + tile * kTileM, lda, packed_b.data() + slab * rows * kTileO, rows,
