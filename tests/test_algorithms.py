@@ -411,6 +411,46 @@ def test_amx(case, algorithm):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [o, c, *kernel], **attributes), torch.bfloat16)
 
 
+# Channels-last 1x1 layers (stride 1, unpadded) on amx: both operands are
+# (samples x positions) x channels matrices of rows; the one with fewer
+# channels is transposed panel by panel (1024 rows), the other's pairs of rows
+# interleaved. Few panels split B's columns between the threads instead.
+AMX_ROWS_CASES = {
+    # name: (n, c, o, size, slice the input's channels)
+    "x-A-one-panel": (3, 8, 24, (8, 8), False),
+    "dy-A-one-panel": (3, 24, 8, (8, 8), False),
+    "odd-rows": (1, 20, 40, (7, 9), False),
+    "panels": (2, 70, 130, (33, 31), False),
+    "odd-rows-panels": (1, 16, 48, (4101,), False),
+    "wide-columns-split": (2, 300, 40, (20, 30), False),
+    "sliced-channels": (2, 24, 40, (9, 10), True),
+    "3-D": (2, 12, 20, (3, 4, 5), False),
+}
+
+
+@pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+@pytest.mark.parametrize("case", list(AMX_ROWS_CASES))
+def test_amx_multiplies_channels_last_rows(case):
+    n, c, o, size, sliced = AMX_ROWS_CASES[case]
+    x = rand(data_shape(n, c + 6 if sliced else c, size, "NXC"), torch.bfloat16, seed=19)
+    if sliced:  # rows 6 channels longer than they hold
+        x = x[..., 3:c + 3]
+    dy = rand(data_shape(n, o, size, "NXC"), torch.bfloat16, seed=20)
+    shape = [o, c] + [1] * len(size)
+    attributes = dict(data_format="NXC", filter_format="OIX")
+    result, ran = run("amx", x, dy, shape, attributes)
+    assert ran == "amx"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), torch.bfloat16)
+
+
+@pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+def test_bf16_1x1_channels_last_goes_to_amx():
+    x = rand(data_shape(8, 64, (56, 56), "NXC"), torch.bfloat16, seed=21)
+    dy = rand(data_shape(8, 256, (56, 56), "NXC"), torch.bfloat16, seed=22)
+    _, ran = run(None, x, dy, [256, 64, 1, 1], dict(data_format="NXC", filter_format="OIX"))
+    assert ran == "amx"
+
+
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_amx_planes_keeps_non_finite_inputs_to_the_taps_that_read_them(value):
@@ -441,6 +481,18 @@ def test_amx_planes_of_the_portable_build(tmp_path):
         problems.append((x, dy, [5, 6, 3, 3], dict(strides=stride, pads_begin=1, pads_end=1, data_format="NCX",
                                                     filter_format="OIX")))
     check_under_capability(problems, "DEFAULT", "amx_planes", tmp_path)
+
+
+@pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+def test_amx_rows_of_the_portable_build(tmp_path):
+    """amx on channels-last 1x1 layers under ATEN_CPU_CAPABILITY=default, where the portable build
+    transposes A's panels and interleaves B's pairs of rows: both operand roles, an odd row."""
+    problems = []
+    for c, o in ((10, 36), (36, 10)):
+        x = rand(data_shape(3, c, (5, 7), "NXC"), torch.bfloat16, seed=23)
+        dy = rand(data_shape(3, o, (5, 7), "NXC"), torch.bfloat16, seed=24)
+        problems.append((x, dy, [o, c, 1, 1], dict(data_format="NXC", filter_format="OIX")))
+    check_under_capability(problems, "DEFAULT", "amx", tmp_path)
 
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")

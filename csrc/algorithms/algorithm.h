@@ -78,10 +78,10 @@ bool cpu_is_avx512();
 bool cpu_has_amx_bf16();
 // Whether ATen's bf16 brgemm runs on AMX tiles here and now (amx.cpp).
 bool cpu_runs_brgemm_bf16();
-// c (m x n, row stride n) += a (m x k, row stride lda) @ b, with b the k x n
+// c (m x n, row stride ldc) += a (m x k, row stride lda) @ b, with b the k x n
 // product's operand in VNNI pairs ((k / 2) x n x 2, k even), through ATen's
 // brgemm in blocks of C (amx.cpp). Only where cpu_runs_brgemm_bf16().
 void brgemm_bf16_blocks(int64_t m, int64_t n, int64_t k, int64_t lda, const at::BFloat16* a,
-                        const at::BFloat16* vnni_b, float* c);
+                        const at::BFloat16* vnni_b, float* c, int64_t ldc);
 
 }  // namespace torch_convgrad

@@ -226,7 +226,7 @@ at::Tensor run(const Problem& problem) {
                                         tap % g.kernel[2]};
           const auto* a = reinterpret_cast<const at::BFloat16*>(a_data) +
                           planes.phase(g, tap_index) * planes.plane_stride + planes.offset(g, tap_index) + k0;
-          brgemm_bf16_blocks(m, n_columns, k, lda, a, panel_data, thread_c + tap * m * n_columns);
+          brgemm_bf16_blocks(m, n_columns, k, lda, a, panel_data, thread_c + tap * m * n_columns, n_columns);
         }
       }
     }

@@ -308,7 +308,8 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
 // float32 rate (3.3 typical), and 3-D and 1-D at the full rate
 // (700-900 GMAC/s), but NCX layers with strides and fewer than 128 input
 // channels at 2.2 times (U-Net's transposed 2x2, the 1-D layer: 220-250
-// GMAC/s); without AMX it is taken to run as float32 (not measured). f16
+// GMAC/s), and so 1x1 layers with fewer than 128 (64 -> 256 NXC: 2.3 times,
+// 2026-11-24); without AMX it is taken to run as float32 (not measured). f16
 // runs on float32 copies (see accumulates_in_float32).
 constexpr double kDepthwiseSetupSeconds = 30e-6;
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
@@ -329,7 +330,7 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
     macs_per_second = nxc ? 160e9 : 145e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
   if (bf16 && cpu_has_amx_bf16())
-    macs_per_second *= !nxc && strided && g.in_channels < 128 ? 2.2 : 3.3;
+    macs_per_second *= g.in_channels < 128 && (g.taps() == 1 || (!nxc && strided)) ? 2.2 : 3.3;
   else if (problem.spatial_rank() == 3 || (problem.spatial_rank() == 1 && nxc))
     macs_per_second *= 0.37;
   return g.macs() / macs_per_second;
