@@ -127,6 +127,30 @@ def test_gemm_interleaves_the_phases_of_a_strided_last_axis(case, dtype):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
+# With one tap and fewer input channels than output ones, the fused kernel
+# takes the output gradient as its first operand and the input's plane as the
+# second, and the product comes out transposed: groups, strides and padding.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("groups,attributes", [
+    (1, {}), (2, {}), (1, dict(strides=2, pads_begin=1, pads_end=0)), (2, dict(strides=(1, 3), pads_begin=(0, 2)))])
+def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
+    size, c, o = (7, 9), 6, 20
+    s = attributes.get("strides", 1)
+    s = [s, s] if isinstance(s, int) else list(s)
+    pb = attributes.get("pads_begin", 0)
+    pb = [pb, pb] if isinstance(pb, int) else list(pb)
+    pe = attributes.get("pads_end", pb)
+    pe = [pe, pe] if isinstance(pe, int) else list(pe)
+    attributes = dict(attributes, pads_end=pe, groups=groups, data_format="NXC", filter_format="OIX")
+    out = [(x + b + e - 1) // ss + 1 for x, b, e, ss in zip(size, pb, pe, s)]
+    x = rand(data_shape(2, c, size, "NXC"), dtype, seed=25)
+    dy = rand(data_shape(2, o, out, "NXC"), dtype, seed=26)
+    shape = [o, c // groups, 1, 1]
+    result, ran = run("gemm", x, dy, shape, attributes)
+    assert ran == "gemm"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
+
+
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_gemm_results_outlive_its_scratch_buffers(data_format):
     # gemm packs its operands into per-thread buffers that the next call reuses.

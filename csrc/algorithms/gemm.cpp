@@ -341,6 +341,10 @@ at::Tensor run(const Problem& problem) {
 
   const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
   const at::Tensor taps = at::empty({groups, g.taps(), in_per_group, out_per_group}, grad_output.options().dtype(dtype));
+  // The fused kernel packs B's rows once for every tile of A's: with one tap
+  // and fewer input channels than output ones, the output gradient is A.
+  const bool swaps = fused && g.taps() == 1 && in_per_group < out_per_group;
+  const at::Tensor swapped = swaps ? at::empty({groups, out_per_group, in_per_group}, taps.options()) : at::Tensor();
   std::vector<int64_t> fused_offsets;
   for (size_t tap = 0; tap < tap_offsets.size(); ++tap)
     fused_offsets.push_back(tap_planes[tap] * planes.stride(0) + tap_offsets[tap] * lda + tap_columns[tap]);
@@ -352,10 +356,20 @@ at::Tensor run(const Problem& problem) {
       const int64_t size = planes.element_size();
       const auto* a = static_cast<const char*>(planes.const_data_ptr()) + first * planes.stride(1) * size;
       const auto* b = static_cast<const char*>(grad_output.const_data_ptr()) + first * grad_output.stride(0) * size;
-      for (int64_t group = 0; group < groups; ++group)
-        tap_products(tap_element(storage), a + group * in_per_group * size, lda, b + group * out_per_group * size,
-                     grad_output.stride(1), product_rows, fused_offsets.data(), g.taps(), in_per_group,
-                     out_per_group, taps[group].mutable_data_ptr<float>(), /*accumulate=*/first != 0);
+      for (int64_t group = 0; group < groups; ++group) {
+        const char* a_group = a + group * in_per_group * size;
+        const char* b_group = b + group * out_per_group * size;
+        if (swaps) {
+          const int64_t no_offset = 0;
+          tap_products(tap_element(storage), b_group, grad_output.stride(1), a_group + fused_offsets[0] * size, lda,
+                       product_rows, &no_offset, 1, out_per_group, in_per_group,
+                       swapped[group].mutable_data_ptr<float>(), /*accumulate=*/first != 0);
+        } else {
+          tap_products(tap_element(storage), a_group, lda, b_group, grad_output.stride(1), product_rows,
+                       fused_offsets.data(), g.taps(), in_per_group, out_per_group,
+                       taps[group].mutable_data_ptr<float>(), /*accumulate=*/first != 0);
+        }
+      }
       continue;
     }
     // (count * plane_rows, channels) matrices starting at sample `first`, in
@@ -380,6 +394,7 @@ at::Tensor run(const Problem& problem) {
       }
     }
   }
+  if (swaps) taps.copy_(swapped.transpose(1, 2).unsqueeze(1));
   return problem.finish(canonical_from_taps(taps, g, problem.spatial_rank()));
 }
 
