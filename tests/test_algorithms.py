@@ -467,6 +467,47 @@ def test_amx_multiplies_channels_last_rows(case):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), torch.bfloat16)
 
 
+# 1-D layers whose windows read no padding, dilation 1: amx folds the taps
+# into B's rows (window j reads K * C contiguous channels-last elements; a
+# channels-first input is transposed a sample at a time), A is the output
+# gradient (in place channels-first, transposed channels-last). An odd count
+# of windows, several panels a sample, B's columns in blocks of 512, columns
+# split between the threads, and a 1-wide strided kernel.
+AMX_FOLDED_CASES = {
+    # name: (n, c, o, length, kernel, stride)
+    "front-end": (2, 8, 12, 203, 10, 5),
+    "odd-windows": (2, 5, 7, 203, 4, 3),
+    "panels": (3, 8, 70, 2100, 3, 2),
+    "column-blocks": (4, 200, 16, 3000, 3, 1),
+    "split-columns": (1, 600, 40, 50, 3, 1),
+    "1-wide-strided": (2, 6, 9, 31, 1, 2),
+}
+
+
+@pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+@pytest.mark.parametrize("case", list(AMX_FOLDED_CASES))
+def test_amx_folds_the_taps_of_1d_windows(case, data_format):
+    n, c, o, length, kernel, stride = AMX_FOLDED_CASES[case]
+    windows = (length - kernel) // stride + 1
+    x = rand(data_shape(n, c, (length,), data_format), torch.bfloat16, seed=27)
+    dy = rand(data_shape(n, o, (windows,), data_format), torch.bfloat16, seed=28)
+    shape = [o, c, kernel]
+    attributes = dict(strides=stride, data_format=data_format, filter_format="OIX")
+    result, ran = run("amx", x, dy, shape, attributes)
+    assert ran == "amx"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), torch.bfloat16)
+
+
+@pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_bf16_1d_front_end_goes_to_amx(data_format):
+    x = rand(data_shape(4, 32, (16000,), data_format), torch.bfloat16, seed=29)
+    dy = rand(data_shape(4, 64, (3199,), data_format), torch.bfloat16, seed=30)
+    _, ran = run(None, x, dy, [64, 32, 10], dict(strides=5, data_format=data_format, filter_format="OIX"))
+    assert ran == "amx"
+
+
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 def test_bf16_1x1_channels_last_goes_to_amx():
     x = rand(data_shape(8, 64, (56, 56), "NXC"), torch.bfloat16, seed=21)
@@ -509,13 +550,18 @@ def test_amx_planes_of_the_portable_build(tmp_path):
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 def test_amx_rows_of_the_portable_build(tmp_path):
-    """amx on channels-last 1x1 layers under ATEN_CPU_CAPABILITY=default, where the portable build
-    transposes A's panels and interleaves B's pairs of rows: both operand roles, an odd row."""
+    """amx's rows path under ATEN_CPU_CAPABILITY=default, where the portable build transposes A's
+    panels (and channels-first 1-D inputs) and interleaves B's pairs of rows: channels-last 1x1
+    layers with both operand roles and an odd row, and 1-D layers with folded taps."""
     problems = []
     for c, o in ((10, 36), (36, 10)):
         x = rand(data_shape(3, c, (5, 7), "NXC"), torch.bfloat16, seed=23)
         dy = rand(data_shape(3, o, (5, 7), "NXC"), torch.bfloat16, seed=24)
         problems.append((x, dy, [o, c, 1, 1], dict(data_format="NXC", filter_format="OIX")))
+    for data_format in ("NXC", "NCX"):
+        x = rand(data_shape(2, 9, (60,), data_format), torch.bfloat16, seed=31)
+        dy = rand(data_shape(2, 11, (19,), data_format), torch.bfloat16, seed=32)
+        problems.append((x, dy, [11, 9, 6], dict(strides=3, data_format=data_format, filter_format="OIX")))
     check_under_capability(problems, "DEFAULT", "amx", tmp_path)
 
 

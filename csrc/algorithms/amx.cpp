@@ -11,8 +11,9 @@
 // A is the operand with more channels where either could be, since B is the
 // one copied. oneDNN's own bf16 weight gradient on channels-first data ran at
 // 105-305 GMAC/s on the benchmark's 1x1 layers, this at 400-610 (Sapphire
-// Rapids, 2 cores). Channels-last 1x1 layers, which have no such rows, take
-// the rows path (run_rows): both operands transformed panel by panel.
+// Rapids, 2 cores). Channels-last 1x1 layers, which have no such rows, and
+// 1-D layers whose taps fold into one product take the rows path (Rows,
+// run_rows).
 #include "algorithm.h"
 #include "scratch.h"
 #include "tap_gemm.h"
@@ -67,23 +68,70 @@ int64_t row_stride(int64_t batch, int64_t channels, const int64_t (&spatial)[3],
   return ld >= channels ? ld : 0;
 }
 
-// Channels-last operands of a 1x1, stride-1, unpadded layer, which have no
-// rows of K contiguous positions: both are (K x channels) matrices of rows
-// (K = samples x positions). The one with fewer channels is then A,
-// transposed panel by panel; the other is B, its pairs of rows interleaved.
+// The rows path, for layers whose operands have no rows of contiguous
+// positions (channels-last data) or whose taps fold into B's rows:
+//
+//     C (m x n) += A (m x k) @ B (k x n) for every sample,
+//
+// where B's k rows of n elements lie b_ld apart, in place or, for a
+// channels-first input, in a channels-last copy of the sample; A is read in
+// place as m rows of k contiguous elements, or transposed panel by panel
+// from k rows of m channels. B's pairs of rows are interleaved.
+//   - A channels-last 1x1, stride-1, unpadded layer: both operands are
+//     (samples x positions) x channels rows, one sample; the one with fewer
+//     channels is A.
+//   - A 1-D layer whose windows read no padding, dilation 1 (an audio front
+//     end): window j reads input pixels [j * s, j * s + K), K * C contiguous
+//     elements of channels-last data, so B's row j is that run (rows s * C
+//     apart, overlapping) and every tap's product is one column block of C =
+//     grad_output^T (O x Y) @ B.
 struct Rows {
   bool supported = false;
   bool a_is_grad_output = false;
-  int64_t x_ld = 0, dy_ld = 0;  // row strides
+  bool a_transposed = true;  // A as k rows of m channels (else m rows of k)
+  bool b_staged = false;     // B from a channels-last copy of a channels-first input
+  int64_t folded_taps = 1;   // taps side by side in B's rows
+  int64_t samples = 1, k = 0, m = 0, n = 0;
+  int64_t a_ld = 0, a_sample = 0, b_ld = 0, b_sample = 0;
 };
 
 Rows rows_of(const Geometry& g) {
   Rows rows;
-  if (!one_to_one(g)) return rows;
-  rows.x_ld = row_stride(g.batch, g.in_channels, g.in, g.input_strides);
-  rows.dy_ld = row_stride(g.batch, g.out_channels, g.out, g.grad_output_strides);
-  rows.supported = rows.x_ld > 0 && rows.dy_ld > 0;
-  rows.a_is_grad_output = g.out_channels < g.in_channels;
+  const int64_t* xs = g.input_strides;
+  const int64_t* dys = g.grad_output_strides;
+  if (one_to_one(g)) {
+    const int64_t x_ld = row_stride(g.batch, g.in_channels, g.in, g.input_strides);
+    const int64_t dy_ld = row_stride(g.batch, g.out_channels, g.out, g.grad_output_strides);
+    rows.supported = x_ld > 0 && dy_ld > 0;
+    rows.a_is_grad_output = g.out_channels < g.in_channels;
+    rows.k = g.batch * g.out_positions();
+    rows.m = rows.a_is_grad_output ? g.out_channels : g.in_channels;
+    rows.n = rows.a_is_grad_output ? g.in_channels : g.out_channels;
+    rows.a_ld = rows.a_is_grad_output ? dy_ld : x_ld;
+    rows.b_ld = rows.a_is_grad_output ? x_ld : dy_ld;
+    return rows;
+  }
+  const bool one_dimensional = g.in[0] * g.in[1] == 1 && g.kernel[0] * g.kernel[1] == 1;
+  const bool contiguous_windows = g.dilation[2] == 1 && g.pad_begin[2] == 0 &&
+                                  (g.out[2] - 1) * g.stride[2] + g.kernel[2] <= g.in[2];
+  const bool x_pixels = xs[1] == 1 && xs[4] == g.in_channels;  // channels-last, pixels adjacent
+  const bool x_rows = xs[4] == 1;                               // channels-first rows
+  const bool dy_pixels = dys[1] == 1 || g.out_channels == 1;
+  const bool dy_rows = dys[4] == 1;
+  if (!one_dimensional || !contiguous_windows || !(x_pixels || x_rows) || !(dy_pixels || dy_rows)) return rows;
+  rows.supported = true;
+  rows.a_is_grad_output = true;
+  rows.a_transposed = !dy_rows;
+  rows.b_staged = !x_pixels;
+  rows.folded_taps = g.kernel[2];
+  rows.samples = g.batch;
+  rows.k = g.out[2];
+  rows.m = g.out_channels;
+  rows.n = g.kernel[2] * g.in_channels;
+  rows.a_ld = dy_rows ? dys[1] : dys[4];
+  rows.a_sample = dys[0];
+  rows.b_ld = g.stride[2] * g.in_channels;
+  rows.b_sample = xs[0];
   return rows;
 }
 
@@ -107,6 +155,12 @@ bool supports(const Problem& problem) {
   return roles_of(g).supported || rows_of(g).supported;
 }
 
+// Whether the rows path runs: where it folds taps into B's rows (one copy
+// of the input, not one a tap), or where nothing else can.
+bool prefers_rows(const Geometry& g, const Rows& rows) {
+  return rows.supported && (rows.folded_taps > 1 || !roles_of(g).supported);
+}
+
 // K columns a panel: its VNNI copy (K/2 x N pairs) stays in L2 next to A's
 // rows. Panels of 512 to 4096 columns measured within noise of each other.
 constexpr int64_t kPanelColumns = 2048;
@@ -127,34 +181,46 @@ constexpr int64_t kRowsPanel = 1024;
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// How the channels-last path splits its work: into panels of rows, or, with
-// fewer panels than twice the threads, into a block of B's columns a thread,
-// each block transposing A's panels again.
+// Columns of B a block at most: its VNNI panel stays in L2.
+constexpr int64_t kMaxBlockColumns = 512;
+
+// How the rows path splits its work: into panels of rows (every sample's
+// own), each over every block of B's columns; or, with fewer panels than
+// twice the threads, into a block of B's columns a thread, each block
+// transposing A's panels (and staging B's samples) again.
 struct RowUnits {
-  int64_t panels, column_blocks, block_columns;
-  RowUnits(int64_t k, int64_t n, int64_t threads) {
-    panels = ceil_div(k, kRowsPanel);
-    column_blocks = panels < 2 * threads ? std::clamp<int64_t>(threads, 1, ceil_div(n, 32)) : 1;
-    block_columns = ceil_div(ceil_div(n, column_blocks), 32) * 32;
-    column_blocks = ceil_div(n, block_columns);
+  int64_t panels_per_sample, panels, column_blocks, block_columns;
+  bool split_columns;
+  RowUnits(const Rows& rows, int64_t threads) {
+    panels_per_sample = ceil_div(rows.k, kRowsPanel);
+    panels = rows.samples * panels_per_sample;
+    split_columns = panels < 2 * threads;
+    const int64_t blocks = std::min(std::max(ceil_div(rows.n, kMaxBlockColumns), split_columns ? threads : 1),
+                                    ceil_div(rows.n, 32));
+    block_columns = ceil_div(ceil_div(rows.n, blocks), 32) * 32;
+    column_blocks = ceil_div(rows.n, block_columns);
+    split_columns = split_columns && column_blocks > 1;
   }
 };
 
-// The channels-last path's seconds, fitted on the same machine to ResNet-50's
-// 1x1 layers (2026-11-24: 64 -> 256 on 56x56 in 0.77 ms, 1024 -> 256 on 14x14
-// in 0.82, scaled by 1.23 to the day of the other constants, when oneDNN ran
-// that much slower): the tiles as above, A's transposition and B's
-// interleaving at about 60 GB/s, and about 0.25 ms a MiB of float32 result.
+// The rows path's seconds, fitted on the same machine to ResNet-50's 1x1
+// layers and the 1-D layer (2026-11-24: 64 -> 256 on 56x56 in 0.77 ms,
+// 1024 -> 256 on 14x14 in 0.82, the 1-D layer in 0.53 (NXC) and 0.68 (NCX),
+// scaled by 1.23 to the day of the other constants, when oneDNN ran that
+// much slower): the tiles as above, A's transposition and B's interleaving
+// at about 60 GB/s, a channels-first input's transposition at 20, and about
+// 0.25 ms a MiB of float32 result.
 double rows_cost(const Geometry& g, const Rows& rows) {
-  const double k = static_cast<double>(g.batch) * g.out_positions();
-  const double m = static_cast<double>(rows.a_is_grad_output ? g.out_channels : g.in_channels);
-  const double n = static_cast<double>(rows.a_is_grad_output ? g.in_channels : g.out_channels);
   const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
-  const RowUnits units(static_cast<int64_t>(k), static_cast<int64_t>(n), at::get_num_threads());
+  const RowUnits units(rows, at::get_num_threads());
+  const double m = static_cast<double>(rows.m), n = static_cast<double>(rows.n);
+  const double k = static_cast<double>(rows.samples) * rows.k;
+  const double a_copies = units.split_columns ? units.column_blocks : 1;
   const double units_count = static_cast<double>(units.panels) * units.column_blocks;
-  const double operand_bytes = k * (m * units.column_blocks + n) * 2;
+  const double operand_bytes = k * n * 2 + (rows.a_transposed ? k * m * 2 * a_copies : 0);
+  const double staged_bytes = rows.b_staged ? static_cast<double>(rows.samples) * g.in[2] * g.in_channels * 2 * a_copies : 0;
   return 20e-6 + g.macs() / (620e9 * width(m) * width(n)) + units_count * m * units.block_columns * 8 / 120e9 +
-         operand_bytes / 60e9 + m * n * 4 / 4e9;
+         operand_bytes / 60e9 + staged_bytes / 20e9 + m * n * 4 / 4e9;
 }
 
 // Estimated seconds, fitted with torch 2.13 on an Intel Xeon (Sapphire
@@ -165,8 +231,9 @@ double rows_cost(const Geometry& g, const Rows& rows) {
 // of a tap's window at about 20 GB/s with unit stride, half that with a
 // stride, plus 4 ns a row.
 double cost(const Problem&, const Geometry& g) {
+  const Rows rows = rows_of(g);
+  if (prefers_rows(g, rows)) return rows_cost(g, rows);
   const Roles roles = roles_of(g);
-  if (!roles.supported) return rows_cost(g, rows_of(g));
   const double positions = static_cast<double>(g.out_positions());
   const double m = static_cast<double>(roles.a_channels), n = static_cast<double>(roles.b_channels);
   const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
@@ -217,61 +284,88 @@ void stage_b(const at::Tensor& x5, const at::Tensor& dy5, bool b_is_input, int64
 }
 
 at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows) {
-  const bool a_dy = rows.a_is_grad_output;
-  const int64_t k_total = g.batch * g.out_positions();
-  const int64_t m = a_dy ? g.out_channels : g.in_channels, n = a_dy ? g.in_channels : g.out_channels;
-  const BFloat16* a_source = (a_dy ? problem.grad_output : problem.input).const_data_ptr<BFloat16>();
-  const BFloat16* b_source = (a_dy ? problem.input : problem.grad_output).const_data_ptr<BFloat16>();
-  const int64_t a_ld = a_dy ? rows.dy_ld : rows.x_ld, b_ld = a_dy ? rows.x_ld : rows.dy_ld;
+  const BFloat16* a_source = (rows.a_is_grad_output ? problem.grad_output : problem.input).const_data_ptr<BFloat16>();
+  const BFloat16* b_source = (rows.a_is_grad_output ? problem.input : problem.grad_output).const_data_ptr<BFloat16>();
+  const int64_t m = rows.m, n = rows.n;
   const int64_t threads = at::get_num_threads();
-  const RowUnits units(k_total, n, threads);
+  const RowUnits units(rows, threads);
   // Split columns: each block is one task over every panel, into the one
   // result. Split panels: each thread sums into its own partial result.
-  const bool split_columns = units.column_blocks > 1;
   const at::Tensor partials =
-      at::zeros({split_columns ? 1 : threads, m, n}, problem.input.options().dtype(at::kFloat));
-  const int64_t tasks = split_columns ? units.column_blocks : units.panels;
+      at::zeros({units.split_columns ? 1 : threads, m, n}, problem.input.options().dtype(at::kFloat));
+  // A channels-first input's sample as channels-last rows: the pixels its windows read.
+  const int64_t staged_pixels = rows.b_staged ? (g.out[2] - 1) * g.stride[2] + g.kernel[2] : 0;
+  const int64_t tasks = units.split_columns ? units.column_blocks : units.panels;
   at::parallel_for(0, tasks, 1, [&](int64_t task_begin, int64_t task_end) {
-    float* c = partials[split_columns ? 0 : at::get_thread_num()].mutable_data_ptr<float>();
-    const at::Tensor staged = scratch_tensor(ScratchSlot::StagedOperand, {m, kRowsPanel}, problem.input.options());
-    const at::Tensor panel =
-        scratch_tensor(ScratchSlot::VnniPanel, {kRowsPanel / 2, units.block_columns, 2}, problem.input.options());
-    auto* staged_data = staged.mutable_data_ptr<BFloat16>();
+    float* c = partials[units.split_columns ? 0 : at::get_thread_num()].mutable_data_ptr<float>();
+    const at::TensorOptions options = problem.input.options();
+    const at::Tensor staged_a = scratch_tensor(ScratchSlot::StagedOperand, {m, kRowsPanel}, options);
+    const at::Tensor panel = scratch_tensor(ScratchSlot::VnniPanel, {kRowsPanel / 2, units.block_columns, 2}, options);
+    const at::Tensor staged_b = scratch_tensor(ScratchSlot::PackedInput, {staged_pixels, g.in_channels}, options);
+    auto* staged_a_data = staged_a.mutable_data_ptr<BFloat16>();
     auto* panel_data = panel.mutable_data_ptr<BFloat16>();
-    for (int64_t task = task_begin; task < task_end; ++task)
-      for (int64_t panel_index = split_columns ? 0 : task; panel_index < (split_columns ? units.panels : task + 1);
-           ++panel_index) {
-        const int64_t k0 = panel_index * kRowsPanel, k = std::min(kRowsPanel, k_total - k0), even = k / 2 * 2;
-        const int64_t n0 = split_columns ? task * units.block_columns : 0;
-        const int64_t columns = std::min(units.block_columns, n - n0);
-        const BFloat16* a = a_source + k0 * a_ld;
-        const BFloat16* b = b_source + k0 * b_ld + n0;
-        if (even > 0) {
-          transpose_to_rows(a, a_ld, staged_data, kRowsPanel, even, m, 2);  // A's panel as (m x K) rows
-          interleave_row_pairs(reinterpret_cast<const uint16_t*>(b), b_ld, reinterpret_cast<uint16_t*>(panel_data),
-                               columns, even / 2);
-          brgemm_bf16_blocks(m, columns, even, kRowsPanel, staged_data, panel_data, c + n0, n);
+    auto* staged_b_data = staged_b.mutable_data_ptr<BFloat16>();
+    int64_t staged_sample = -1;
+    for (int64_t task = task_begin; task < task_end; ++task) {
+      const int64_t first_panel = units.split_columns ? 0 : task;
+      const int64_t end_panel = units.split_columns ? units.panels : task + 1;
+      for (int64_t panel_index = first_panel; panel_index < end_panel; ++panel_index) {
+        const int64_t sample = panel_index / units.panels_per_sample;
+        const int64_t k0 = panel_index % units.panels_per_sample * kRowsPanel;
+        const int64_t k = std::min(kRowsPanel, rows.k - k0), even = k / 2 * 2;
+        if (rows.b_staged && sample != staged_sample) {
+          transpose_to_rows(b_source + sample * g.input_strides[0], g.input_strides[1], staged_b_data,
+                            g.in_channels, g.in_channels, staged_pixels, 2);
+          staged_sample = sample;
         }
-        if (k % 2 == 1)  // the last row, outside every pair
-          for (int64_t row = 0; row < m; ++row) {
-            const float a_last = static_cast<float>(a[(k - 1) * a_ld + row]);
-            for (int64_t column = 0; column < columns; ++column)
-              c[row * n + n0 + column] += a_last * static_cast<float>(b[(k - 1) * b_ld + column]);
+        const BFloat16* a = a_source + sample * rows.a_sample + k0 * (rows.a_transposed ? rows.a_ld : 1);
+        const BFloat16* b_rows = (rows.b_staged ? staged_b_data : b_source + sample * rows.b_sample) + k0 * rows.b_ld;
+        // A as (m x K) rows for the tiles: in place, or this panel transposed.
+        const BFloat16* a_tiles = a;
+        int64_t lda = rows.a_ld;
+        if (rows.a_transposed && even > 0) {
+          transpose_to_rows(a, rows.a_ld, staged_a_data, kRowsPanel, even, m, 2);
+          a_tiles = staged_a_data;
+          lda = kRowsPanel;
+        }
+        const int64_t first_block = units.split_columns ? task : 0;
+        const int64_t end_block = units.split_columns ? task + 1 : units.column_blocks;
+        for (int64_t block = first_block; block < end_block; ++block) {
+          const int64_t n0 = block * units.block_columns, columns = std::min(units.block_columns, n - n0);
+          const BFloat16* b = b_rows + n0;
+          if (even > 0) {
+            interleave_row_pairs(reinterpret_cast<const uint16_t*>(b), rows.b_ld,
+                                 reinterpret_cast<uint16_t*>(panel_data), columns, even / 2);
+            brgemm_bf16_blocks(m, columns, even, lda, a_tiles, panel_data, c + n0, n);
           }
+          if (k % 2 == 1)  // the last row, outside every pair
+            for (int64_t row = 0; row < m; ++row) {
+              const float a_last = static_cast<float>(
+                  rows.a_transposed ? a[(k - 1) * rows.a_ld + row] : a[row * rows.a_ld + k - 1]);
+              for (int64_t column = 0; column < columns; ++column)
+                c[row * n + n0 + column] += a_last * static_cast<float>(b[(k - 1) * rows.b_ld + column]);
+            }
+        }
       }
+    }
     at::native::cpublas::brgemm_release();
   });
   // Partial sums added in thread order: deterministic for a thread count.
-  at::Tensor products = split_columns ? partials[0] : partials.sum(0);  // (M, N)
-  if (a_dy) products = products.t();  // a view: canonical_from_taps lays it out as (O, C)
-  return problem.finish(
-      canonical_from_taps(products.view({1, 1, g.in_channels, g.out_channels}), g, problem.spatial_rank()));
+  const at::Tensor products = units.split_columns ? partials[0] : partials.sum(0);  // (m, n)
+  // As (taps, C, O) views, which canonical_from_taps lays out as (O, C, K).
+  at::Tensor taps;
+  if (rows.folded_taps > 1 || rows.a_is_grad_output)
+    taps = products.view({g.out_channels, rows.folded_taps, g.in_channels}).permute({1, 2, 0});
+  else
+    taps = products.unsqueeze(0);
+  return problem.finish(canonical_from_taps(taps.unsqueeze(0), g, problem.spatial_rank()));
 }
 
 at::Tensor run(const Problem& problem) {
   const Geometry g = geometry_of(problem);
+  const Rows rows = rows_of(g);
+  if (prefers_rows(g, rows)) return run_rows(problem, g, rows);
   const Roles roles = roles_of(g);
-  if (!roles.supported) return run_rows(problem, g, rows_of(g));
   const bool staging = b_needs_staging(g, roles);
   const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
   const at::Tensor& a_operand = roles.a_is_grad_output ? dy5 : x5;

@@ -305,10 +305,10 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
 // 97. Depthwise 3x3 read its data at 33-37 GB/s (NXC) and 9 (NCX), 7x7 at a
 // twentieth of that, after a setup of about 30 us more than other layers'
 // (54 us on 2x8x8x8). bf16 stays bf16 there: on AMX it ran 2.2-3.7 times the
-// float32 rate (3.3 typical), and 3-D and 1-D at the full rate
-// (700-900 GMAC/s), but NCX layers with strides and fewer than 128 input
-// channels at 2.2 times (U-Net's transposed 2x2, the 1-D layer: 220-250
-// GMAC/s), and so 1x1 layers with fewer than 128 (64 -> 256 NXC: 2.3 times,
+// float32 rate (3.3 typical; 3-D without float32's slowdown, at 700-900
+// GMAC/s), but 2.2 times on layers with fewer than 128 input channels that
+// are channels-first with strides (U-Net's transposed 2x2, the 1-D layer:
+// 220-250 GMAC/s), 1x1 (64 -> 256 NXC: 2.3 times) or 1-D (NXC: about 2.2,
 // 2026-11-24); without AMX it is taken to run as float32 (not measured). f16
 // runs on float32 copies (see accumulates_in_float32).
 constexpr double kDepthwiseSetupSeconds = 30e-6;
@@ -330,7 +330,8 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
     macs_per_second = nxc ? 160e9 : 145e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
   if (bf16 && cpu_has_amx_bf16())
-    macs_per_second *= g.in_channels < 128 && (g.taps() == 1 || (!nxc && strided)) ? 2.2 : 3.3;
+    macs_per_second *=
+        g.in_channels < 128 && (g.taps() == 1 || (!nxc && strided) || problem.spatial_rank() == 1) ? 2.2 : 3.3;
   else if (problem.spatial_rank() == 3 || (problem.spatial_rank() == 1 && nxc))
     macs_per_second *= 0.37;
   return g.macs() / macs_per_second;
