@@ -35,6 +35,8 @@ extern const Algorithm kDirectAlgorithm;           // direct.cpp: plain loops fo
 extern const Algorithm kAmxAlgorithm;              // amx.cpp: bf16 on AMX tiles (ATen's brgemm)
 extern const Algorithm kAmxPlanesAlgorithm;        // amx_planes.cpp: the same, input read from phase planes
 
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 // Concrete (non-symbolic) sizes of a problem lifted to three spatial axes
 // (missing leading axes have size 1, kernel 1, stride 1, no padding), the
 // form the hand-written algorithms work on.

@@ -179,8 +179,6 @@ bool b_needs_staging(const Geometry& g, const Roles& roles) {
 // VNNI copy stay in L2.
 constexpr int64_t kRowsPanel = 1024;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Columns of B a block at most: its VNNI panel stays in L2.
 constexpr int64_t kMaxBlockColumns = 512;
 
@@ -283,6 +281,17 @@ void stage_b(const at::Tensor& x5, const at::Tensor& dy5, bool b_is_input, int64
   target.copy_(source);
 }
 
+// c[row * ldc + column] += a[row * a_step] * b[column * b_step] for row < m,
+// column < n: the product over a last K position left outside every pair.
+void add_last_position(int64_t m, int64_t n, const BFloat16* a, int64_t a_step, const BFloat16* b, int64_t b_step,
+                       float* c, int64_t ldc) {
+  for (int64_t row = 0; row < m; ++row) {
+    const float a_last = static_cast<float>(a[row * a_step]);
+    for (int64_t column = 0; column < n; ++column)
+      c[row * ldc + column] += a_last * static_cast<float>(b[column * b_step]);
+  }
+}
+
 at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows) {
   const BFloat16* a_source = (rows.a_is_grad_output ? problem.grad_output : problem.input).const_data_ptr<BFloat16>();
   const BFloat16* b_source = (rows.a_is_grad_output ? problem.input : problem.grad_output).const_data_ptr<BFloat16>();
@@ -339,12 +348,8 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
             brgemm_bf16_blocks(m, columns, even, lda, a_tiles, panel_data, c + n0, n);
           }
           if (k % 2 == 1)  // the last row, outside every pair
-            for (int64_t row = 0; row < m; ++row) {
-              const float a_last = static_cast<float>(
-                  rows.a_transposed ? a[(k - 1) * rows.a_ld + row] : a[row * rows.a_ld + k - 1]);
-              for (int64_t column = 0; column < columns; ++column)
-                c[row * n + n0 + column] += a_last * static_cast<float>(b[(k - 1) * rows.b_ld + column]);
-            }
+            add_last_position(m, columns, rows.a_transposed ? a + (k - 1) * rows.a_ld : a + k - 1,
+                              rows.a_transposed ? 1 : rows.a_ld, b + (k - 1) * rows.b_ld, 1, c + n0, n);
         }
       }
     }
@@ -354,7 +359,7 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
   const at::Tensor products = units.split_columns ? partials[0] : partials.sum(0);  // (m, n)
   // As (taps, C, O) views, which canonical_from_taps lays out as (O, C, K).
   at::Tensor taps;
-  if (rows.folded_taps > 1 || rows.a_is_grad_output)
+  if (rows.a_is_grad_output)  // (O, taps, C), folded taps included
     taps = products.view({g.out_channels, rows.folded_taps, g.in_channels}).permute({1, 2, 0});
   else
     taps = products.unsqueeze(0);
@@ -414,11 +419,7 @@ at::Tensor run(const Problem& problem) {
         brgemm_bf16_blocks(m, n_columns, k, lda, a + k0, panel_data, c, n_columns);
       }
       if (positions % 2 == 1)  // the last position, outside every pair
-        for (int64_t row = 0; row < m; ++row) {
-          const float a_last = static_cast<float>(a[row * lda + positions - 1]);
-          for (int64_t column = 0; column < n_columns; ++column)
-            c[row * n_columns + column] += a_last * static_cast<float>(b[column * ldb + positions - 1]);
-        }
+        add_last_position(m, n_columns, a + positions - 1, lda, b + positions - 1, ldb, c, n_columns);
     }
     at::native::cpublas::brgemm_release();
   });

@@ -34,8 +34,6 @@
 namespace torch_convgrad {
 namespace {
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Where the planes lie and what each tap reads of them.
 struct Planes {
   int64_t extent[3];     // plane positions per axis: Y + ((K - 1) * d) / s

@@ -17,8 +17,6 @@ namespace {
 
 namespace kernel = tap_gemm_kernel;
 
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // A block spans at most this many tiles of m and of o, keeping its chunk of
 // A and its slabs of B in L2.
 constexpr int64_t kMaxBlockTilesM = 32;
