@@ -34,6 +34,7 @@ extern const Algorithm kDepthwiseAlgorithm;        // depthwise.cpp: direct CPU 
 extern const Algorithm kDirectAlgorithm;           // direct.cpp: plain loops for tiny problems
 extern const Algorithm kAmxAlgorithm;              // amx.cpp: bf16 on AMX tiles (ATen's brgemm)
 extern const Algorithm kAmxPlanesAlgorithm;        // amx_planes.cpp: the same, input read from phase planes
+extern const Algorithm kAmxDepthwiseAlgorithm;     // amx_depthwise.cpp: bf16 depthwise on AMX tiles
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

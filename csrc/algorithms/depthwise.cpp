@@ -5,7 +5,7 @@
 // (depthwise_kernel.h) is compiled once per CPU capability; this file picks
 // one, splits the work and reduces the partial sums.
 #include "algorithm.h"
-#include "depthwise_kernel.h"
+#include "depthwise.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
@@ -28,43 +28,20 @@ namespace kernel = depthwise_kernel;
 // 15 us. On an Intel Xeon (Sapphire Rapids, AVX-512, x.sum() at 25 GB/s) the
 // same layers streamed at 21-22 GB/s in f32 and 16 in bf16, and 2x64x32x32
 // at 21 (2026-11-23); with the AVX-512 build ConvNeXt ran at 78-93 GMAC/s.
+// Shorter rows run slower (2026-11-24, bf16, ConvNeXt's 7x7 layers, N=8, 56
+// down to 7 windows a row: 101, 74, 36 and 24 GMAC/s; 224 windows, N=1: 97):
+// 2.5 times the long rows' rate * windows / (windows + 85), at most that rate.
 double bytes_per_second() { return cpu_is_avx512() ? 21e9 : 16e9; }
-double depthwise_macs_per_second() { return cpu_is_avx512() ? 80e9 : 45e9; }
+double depthwise_macs_per_second(double windows) {
+  const double long_rows = cpu_is_avx512() ? 100e9 : 45e9;
+  return std::min(long_rows, 2.5 * long_rows * windows / (windows + 85));
+}
 constexpr double kGroupedMacsPerSecond = 35e9;
 constexpr double kOverheadSeconds = 15e-6;
 
 // The narrowest kernel build's vector (AVX2's and the portable one's): 8
 // float32 lanes, 4 float64. Groups that divide it run on every build.
 int64_t lanes_of(at::ScalarType dtype) { return dtype == at::kDouble ? 4 : 8; }
-
-// Channels a group, input and output alike, that the kernels take: depthwise
-// (1), or groups of 2, 4 or 8 channels (as in ResNeXt and RegNet) that divide
-// a vector of lanes; 0 otherwise.
-int64_t group_channels(const Problem& problem) {
-  const int64_t channels = problem.input.size(1);
-  if (channels != problem.grad_output.size(1) || problem.groups == 0 || channels % problem.groups != 0) return 0;
-  const int64_t per_group = channels / problem.groups;
-  const int64_t lanes = lanes_of(problem.input.scalar_type());
-  return per_group <= lanes && lanes % per_group == 0 ? per_group : 0;
-}
-
-bool supports(const Problem& problem) {
-  const at::Tensor& input = problem.input;
-  // Only real CPU tensors reach here: their sizes are concrete (the selector
-  // has already read them as integers).
-  if (!input.device().is_cpu() || input.layout() != at::kStrided) return false;
-  const auto dtype = input.scalar_type();
-  if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16) return false;
-  return problem.spatial_rank() >= 1 && problem.spatial_rank() <= 3 && group_channels(problem) > 0;
-}
-
-double cost(const Problem& problem, const Geometry& g) {
-  const double windows = static_cast<double>(g.out[2]);
-  const double macs_per_second =
-      group_channels(problem) == 1 ? depthwise_macs_per_second() : kGroupedMacsPerSecond * windows / (windows + 8);
-  return kOverheadSeconds +
-         std::max(g.data_bytes(problem.input.element_size()) / bytes_per_second(), g.macs() / macs_per_second);
-}
 
 kernel::Dtype kernel_dtype(at::ScalarType dtype) {
   switch (dtype) {
@@ -75,7 +52,19 @@ kernel::Dtype kernel_dtype(at::ScalarType dtype) {
   }
 }
 
-kernel::Args kernel_args(const Problem& problem, const Geometry& geometry) {
+int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+}  // namespace
+
+int64_t depthwise_group_channels(const Problem& problem) {
+  const int64_t channels = problem.input.size(1);
+  if (channels != problem.grad_output.size(1) || problem.groups == 0 || channels % problem.groups != 0) return 0;
+  const int64_t per_group = channels / problem.groups;
+  const int64_t lanes = lanes_of(problem.input.scalar_type());
+  return per_group <= lanes && lanes % per_group == 0 ? per_group : 0;
+}
+
+kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   kernel::Args args{};
   args.dtype = kernel_dtype(problem.input.scalar_type());
   args.input = problem.input.const_data_ptr();
@@ -92,62 +81,16 @@ kernel::Args kernel_args(const Problem& problem, const Geometry& geometry) {
     args.dilation[axis] = geometry.dilation[axis];
     args.pad_begin[axis] = geometry.pad_begin[axis];
   }
-  args.group_channels = group_channels(problem);
+  args.group_channels = depthwise_group_channels(problem);
   return args;
 }
 
-int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-
-using KernelFn = void (*)(const kernel::Args&, int64_t, int64_t, int64_t, int64_t, void*);
-
-// Channels in lanes when both tensors have channel stride 1, unless the last
-// spatial axis is unit-stride too (C == 1, or a single pixel per row). Also
-// for depthwise channels-first data with unit-stride rows and a vector of
-// channels or more, which the channels-last kernel transposes as it stages
-// it: its tiles load aligned vectors and share each between taps, where the
-// channels-first tiles load every tap's vector unaligned. Measured against
-// the channels-first kernel (2 threads, f32 and bf16): MobileNetV2 3x3
-// 1.1-1.3x, stride 2 1.1-1.7x, on 14x14 and 7x7 maps 1.3-2.5x; ConvNeXt 7x7
-// 1.2-1.8x.
-bool use_channels_last(const kernel::Args& args, int64_t channels, int64_t lanes) {
-  const bool channels_unit = args.input_strides[1] == 1 && args.grad_output_strides[1] == 1;
-  const bool rows_unit = args.input_strides[4] == 1 && args.grad_output_strides[4] == 1;
-  if (channels_unit) return !rows_unit;
-  return args.group_channels == 1 && rows_unit && channels >= lanes;
-}
-
-// A kernel build: its entry points and its vector's float32 lanes (half as
-// many float64).
-struct Build {
-  KernelFn channels_last, channels_first;
-  int64_t float_lanes;
-  int64_t lanes(at::ScalarType dtype) const { return dtype == at::kDouble ? float_lanes / 2 : float_lanes; }
-};
-const Build kAvx512{kernel::AVX512::channels_last, kernel::AVX512::channels_first, 16};
-const Build kAvx2{kernel::AVX2::channels_last, kernel::AVX2::channels_first, 8};
-const Build kPortable{kernel::DEFAULT::channels_last, kernel::DEFAULT::channels_first, 8};
-
-// The build for this CPU and problem. Measured on an Intel Xeon (Sapphire
-// Rapids), 2 threads, against the AVX2 build: the AVX-512 build's
-// channels-last kernel ran depthwise layers 1.2-1.6x as fast (ConvNeXt 7x7,
-// MobileNetV2 3x3, f32, bf16 and f16, both layouts) and groups of 2 and 4
-// channels 1.3-1.6x, but groups that fill the AVX2 build's vector (8 f32
-// channels), which that build broadcasts lane by lane, at 0.8x, and its
-// channels-first kernel at 0.5-0.9x.
-const Build& build_for(const kernel::Args& args, int64_t channels, at::ScalarType dtype) {
-  if (!cpu_runs_avx2_kernels()) return kPortable;
-  if (cpu_is_avx512() && use_channels_last(args, channels, kAvx512.lanes(dtype)) &&
-      args.group_channels != kAvx2.lanes(dtype))
-    return kAvx512;
-  return kAvx2;
-}
-
-at::Tensor run(const Problem& problem) {
-  const Geometry geometry = geometry_of(problem);
+at::Tensor run_depthwise_tasks(const Problem& problem, const Geometry& geometry, const kernel::Args& args,
+                               DepthwiseKernel kernel_fn, int64_t block_channels, int64_t line_channels) {
   const int64_t samples = geometry.batch;
   const int64_t channels = geometry.in_channels;
   // Each output channel's weights: its group's input channels times the taps.
-  const int64_t weights = group_channels(problem) * geometry.taps();
+  const int64_t weights = depthwise_group_channels(problem) * geometry.taps();
   const auto acc_dtype = problem.input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const auto acc_options = problem.input.options().dtype(acc_dtype);
 
@@ -156,26 +99,14 @@ at::Tensor run(const Problem& problem) {
   if (samples == 0 || channels == 0 || no_windows) {
     sums = at::zeros({channels, weights}, acc_options);
   } else {
-    const kernel::Args args = kernel_args(problem, geometry);
-    const Build& build = build_for(args, channels, problem.input.scalar_type());
-    const int64_t lanes = build.lanes(problem.input.scalar_type());
-    const bool channels_last = use_channels_last(args, channels, lanes);
-    const KernelFn kernel_fn = channels_last ? build.channels_last : build.channels_first;
-    const bool transposes = channels_last && (args.input_strides[1] != 1 || args.grad_output_strides[1] != 1);
-
     // Samples are split into one group per thread, each summing into its own
     // partial result, which are then added in a fixed order: deterministic for
     // a given thread count. With fewer samples than threads, channels are
-    // split too, in blocks of whole cache lines for the channels-last kernel.
-    // Channels-first data it transposes goes one vector of channels a task,
-    // so that a thread reads a few planes at a time rather than a row of
-    // every plane (1.5x on MobileNetV2 3x3 against whole sample groups).
+    // split too.
     const int64_t threads = at::get_num_threads();
     const int64_t sample_groups = std::min(samples, threads);
-    const int64_t line_channels = channels_last ? 64 / problem.input.element_size() : 1;
     const int64_t wanted_blocks = (threads + sample_groups - 1) / sample_groups;
-    const int64_t block_channels =
-        transposes ? lanes : round_up((channels + wanted_blocks - 1) / wanted_blocks, line_channels);
+    if (block_channels == 0) block_channels = round_up((channels + wanted_blocks - 1) / wanted_blocks, line_channels);
     const int64_t channel_blocks = (channels + block_channels - 1) / block_channels;
 
     // at::parallel_for is inline: it runs in parallel only where this file is
@@ -200,6 +131,87 @@ at::Tensor run(const Problem& problem) {
   std::vector<int64_t> shape;
   for (const auto& size : canonical_shape) shape.push_back(size.expect_int());
   return problem.finish(sums.view(shape));
+}
+
+namespace {
+
+
+bool supports(const Problem& problem) {
+  const at::Tensor& input = problem.input;
+  // Only real CPU tensors reach here: their sizes are concrete (the selector
+  // has already read them as integers).
+  if (!input.device().is_cpu() || input.layout() != at::kStrided) return false;
+  const auto dtype = input.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kDouble && dtype != at::kHalf && dtype != at::kBFloat16) return false;
+  return problem.spatial_rank() >= 1 && problem.spatial_rank() <= 3 && depthwise_group_channels(problem) > 0;
+}
+
+double cost(const Problem& problem, const Geometry& g) {
+  const double windows = static_cast<double>(g.out[2]);
+  const double macs_per_second = depthwise_group_channels(problem) == 1 ? depthwise_macs_per_second(windows)
+                                                                         : kGroupedMacsPerSecond * windows / (windows + 8);
+  return kOverheadSeconds +
+         std::max(g.data_bytes(problem.input.element_size()) / bytes_per_second(), g.macs() / macs_per_second);
+}
+
+
+// Channels in lanes when both tensors have channel stride 1, unless the last
+// spatial axis is unit-stride too (C == 1, or a single pixel per row). Also
+// for depthwise channels-first data with unit-stride rows and a vector of
+// channels or more, which the channels-last kernel transposes as it stages
+// it: its tiles load aligned vectors and share each between taps, where the
+// channels-first tiles load every tap's vector unaligned. Measured against
+// the channels-first kernel (2 threads, f32 and bf16): MobileNetV2 3x3
+// 1.1-1.3x, stride 2 1.1-1.7x, on 14x14 and 7x7 maps 1.3-2.5x; ConvNeXt 7x7
+// 1.2-1.8x.
+bool use_channels_last(const kernel::Args& args, int64_t channels, int64_t lanes) {
+  const bool channels_unit = args.input_strides[1] == 1 && args.grad_output_strides[1] == 1;
+  const bool rows_unit = args.input_strides[4] == 1 && args.grad_output_strides[4] == 1;
+  if (channels_unit) return !rows_unit;
+  return args.group_channels == 1 && rows_unit && channels >= lanes;
+}
+
+// A kernel build: its entry points and its vector's float32 lanes (half as
+// many float64).
+struct Build {
+  DepthwiseKernel channels_last, channels_first;
+  int64_t float_lanes;
+  int64_t lanes(at::ScalarType dtype) const { return dtype == at::kDouble ? float_lanes / 2 : float_lanes; }
+};
+const Build kAvx512{kernel::AVX512::channels_last, kernel::AVX512::channels_first, 16};
+const Build kAvx2{kernel::AVX2::channels_last, kernel::AVX2::channels_first, 8};
+const Build kPortable{kernel::DEFAULT::channels_last, kernel::DEFAULT::channels_first, 8};
+
+// The build for this CPU and problem. Measured on an Intel Xeon (Sapphire
+// Rapids), 2 threads, against the AVX2 build: the AVX-512 build's
+// channels-last kernel ran depthwise layers 1.2-1.6x as fast (ConvNeXt 7x7,
+// MobileNetV2 3x3, f32, bf16 and f16, both layouts) and groups of 2 and 4
+// channels 1.3-1.6x, but groups that fill the AVX2 build's vector (8 f32
+// channels), which that build broadcasts lane by lane, at 0.8x, and its
+// channels-first kernel at 0.5-0.9x.
+const Build& build_for(const kernel::Args& args, int64_t channels, at::ScalarType dtype) {
+  if (!cpu_runs_avx2_kernels()) return kPortable;
+  if (cpu_is_avx512() && use_channels_last(args, channels, kAvx512.lanes(dtype)) &&
+      args.group_channels != kAvx2.lanes(dtype))
+    return kAvx512;
+  return kAvx2;
+}
+
+at::Tensor run(const Problem& problem) {
+  const Geometry geometry = geometry_of(problem);
+  const kernel::Args args = depthwise_args(problem, geometry);
+  const int64_t channels = geometry.in_channels;
+  const Build& build = build_for(args, channels, problem.input.scalar_type());
+  const int64_t lanes = build.lanes(problem.input.scalar_type());
+  const bool channels_last = use_channels_last(args, channels, lanes);
+  const bool transposes = channels_last && (args.input_strides[1] != 1 || args.grad_output_strides[1] != 1);
+  // Channels-first data the channels-last kernel transposes goes one vector
+  // of channels a task, so that a thread reads a few planes at a time rather
+  // than a row of every plane (1.5x on MobileNetV2 3x3 against whole sample
+  // groups); otherwise blocks of whole cache lines.
+  const int64_t line_channels = channels_last ? 64 / problem.input.element_size() : 1;
+  return run_depthwise_tasks(problem, geometry, args, channels_last ? build.channels_last : build.channels_first,
+                             transposes ? lanes : 0, line_channels);
 }
 
 }  // namespace

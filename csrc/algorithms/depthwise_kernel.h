@@ -11,6 +11,7 @@
 // depthwise_kernel_default.cpp, which define CPU_CAPABILITY), is the kernel.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 namespace torch_convgrad::depthwise_kernel {
@@ -28,6 +29,9 @@ struct Args {
   // Channels a group, input and output alike: 1, 2, 4 or 8, at most one
   // vector of lanes (depthwise.cpp checks).
   int64_t group_channels;
+  // amx_bf16 sets it where the data holds an infinity or NaN, and its result
+  // is then not to be used.
+  std::atomic<bool>* non_finite = nullptr;
 };
 
 // Both write the gradient of output channels [channel_begin, channel_end)
@@ -56,13 +60,33 @@ TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 }
 #undef TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 
+// Whether this compiler and OS give the AVX-512 build the AMX kernel below
+// (GCC 11 and Clang 12 have the tile intrinsics; Linux grants the tile state).
+#if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#define TORCH_CONVGRAD_DEPTHWISE_AMX 1
+// bf16 depthwise 2-D layers with stride 1, row dilation 1, at most 8 taps
+// along the row and 15 along the column, on AMX tiles (amx_depthwise.cpp
+// checks). Writes the result as channels_last and channels_first do. Only
+// where the CPU has AMX-BF16 and amx_tiles_granted().
+namespace AVX512 {
+void amx_bf16(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin, int64_t channel_end,
+              void* result);
+}
+// Asks Linux once for this process's permission to use the AMX tile state.
+bool amx_tiles_granted();
+#endif
+
 }  // namespace torch_convgrad::depthwise_kernel
 
 #ifdef CPU_CAPABILITY
 
 #include "line_aligned_buffer.h"
+#include "tap_gemm.h"
 
 #include <ATen/cpu/vec/vec.h>
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
+#endif
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -778,6 +802,356 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
                     int64_t channel_end, void* result) {
   dispatch<ChannelsFirst>(args, sample_begin, sample_end, channel_begin, channel_end, result);
 }
+
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
+// ---------------------------------------------------------------------------
+// amx_bf16: one plane (sample, channel) at a time on AMX tiles, for bf16
+// depthwise 2-D layers with stride 1. The FMA tiles above stop at the FMA
+// ports' rate; a tile product multiplies 16 x 16 x 32 at once. Per pair of
+// input rows (r, r + 1) and chunk of at most 32 output positions along the
+// row:
+//
+//   A[a * 8 + kw][k] = input[r + a][ow0 + k + kw * d - pad]   (16 x chunk)
+//   B[k][n]          = grad_output[r + pad - (KH - 1) + n][ow0 + k]
+//   C[a * 8 + kw][n] += sum_k A[..][k] * B[k][n],   tap kh = KH - 1 + a - n
+//
+// so C's rows are taps along the row for both input rows and its columns the
+// output rows that meet them; the tap each (row, column) sums is the same
+// for every r, and C stays in its tile across the plane. A is copied from the
+// input with masked loads (zero where the window reaches padding or past the
+// chunk). B is a window of 16 columns into D, grad_output's plane transposed
+// into VNNI pairs once per plane: D[k / 2][KH - 1 + oh] holds the pair
+// (grad_output[oh][ow0 + k], [.. + k + 1]), zero outside the plane. Of C's
+// 16 x 16 sums a 7 x 7 kernel uses 2 x 7 x 8; the rest are never read.
+// ---------------------------------------------------------------------------
+
+#define TORCH_CONVGRAD_AMX_TARGET \
+  __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+// The layout ldtilecfg reads (palette 1).
+struct alignas(64) TileConfig {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t bytes_per_row[16];
+  uint8_t rows[16];
+  uint8_t reserved_end[16];
+};
+
+constexpr int64_t kAmxChunk = 32;        // positions along the row a product sums (bf16 per 64-byte row)
+constexpr int64_t kAmxRowTaps = 8;       // A's rows per input row
+constexpr int64_t kAmxSums = 4 * 16 * 16;  // four C tiles of float32
+
+struct AmxPlan {
+  int64_t H, W, OH, OW, KH, KW, pad_h, pad_w, dilation_w;
+  int64_t chunk, chunks;   // positions a product sums (even), and chunks a row
+  int64_t d_width;         // D's row pitch, in pairs
+  std::vector<uint32_t> masks;  // [chunk][kw < 8]: A's lanes inside the input and the chunk (none past KW)
+};
+
+inline AmxPlan amx_plan(const Args& args) {
+  AmxPlan plan{args.in[1], args.in[2], args.out[1], args.out[2], args.kernel[1], args.kernel[2],
+               args.pad_begin[1], args.pad_begin[2], args.dilation[2], 0, 0, 0, {}};
+  const int64_t chunks = (plan.OW + kAmxChunk - 1) / kAmxChunk;
+  plan.chunk = round_up((plan.OW + chunks - 1) / chunks, 2);
+  plan.chunks = (plan.OW + plan.chunk - 1) / plan.chunk;
+  // B's window for the last row pair ends at column H + pad_h + 14; the
+  // transposes write whole blocks of 16 output rows from column KH - 1.
+  plan.d_width = round_up(std::max(plan.H + plan.pad_h + 15, plan.KH - 1 + round_up(plan.OH, 16)), 16);
+  plan.masks.assign(plan.chunks * kAmxRowTaps, 0);
+  for (int64_t chunk = 0; chunk < plan.chunks; ++chunk)
+    for (int64_t kw = 0; kw < plan.KW; ++kw) {
+      uint32_t mask = 0;
+      for (int64_t k = 0; k < plan.chunk; ++k) {
+        const int64_t ow = chunk * plan.chunk + k, iw = ow + kw * plan.dilation_w - plan.pad_w;
+        if (ow < plan.OW && iw >= 0 && iw < plan.W) mask |= uint32_t{1} << k;
+      }
+      plan.masks[chunk * kAmxRowTaps + kw] = mask;
+    }
+  return plan;
+}
+
+// Per-thread buffers: D for each chunk (16 rows of d_width pairs, zero where
+// never written), A twice (consecutive products alternate), a block of rows
+// for the transposes.
+struct AmxBuffers {
+  explicit AmxBuffers(const AmxPlan& plan)
+      : d(plan.chunks * 16 * plan.d_width), a(2 * 16 * kAmxChunk), rows(3 * 16 * 16) {}
+  LineAlignedBuffer<uint32_t> d;
+  LineAlignedBuffer<uint16_t> a;
+  LineAlignedBuffer<uint32_t> rows;
+};
+
+// planes[c * plane_pitch + p] = source[p * pixel_stride + c] for c <
+// channels (at most 32), p < count: channels-last 16-bit data as a plane per
+// channel. Per 32 pixels: two 16 x 16 transposes of channel pairs (32-bit
+// units), then each pair's two channels separated.
+TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source, int64_t pixel_stride, int64_t count,
+                                                         int64_t channels, uint16_t* planes, int64_t plane_pitch,
+                                                         uint32_t* scratch) {
+  const __mmask32 channel_mask = channels >= 32 ? ~__mmask32{0} : (__mmask32{1} << channels) - 1;
+  alignas(64) static constexpr uint16_t kEven[32] = {0,  2,  4,  6,  8,  10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30,
+                                                     32, 34, 36, 38, 40, 42, 44, 46, 48, 50, 52, 54, 56, 58, 60, 62};
+  const __m512i even = _mm512_load_si512(kEven);
+  const __m512i odd = _mm512_add_epi16(even, _mm512_set1_epi16(1));
+  uint32_t* pixels = scratch;            // 16 pixels' channel pairs
+  uint32_t* pairs = scratch + 16 * 16;   // [half][pair][pixel]
+  for (int64_t p0 = 0; p0 < count; p0 += 32) {
+    for (int64_t half = 0; half < 2; ++half) {
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t p = p0 + half * 16 + i;
+        _mm512_store_si512(pixels + i * 16, p < count ? _mm512_maskz_loadu_epi16(channel_mask, source + p * pixel_stride)
+                                                      : _mm512_setzero_si512());
+      }
+      transpose_square<float, 16>(reinterpret_cast<const float*>(pixels), 16,
+                                  reinterpret_cast<float*>(pairs + half * 256), 16);
+    }
+    const int64_t left = count - p0;
+    const __mmask32 pixel_mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+    for (int64_t pair = 0; 2 * pair < channels; ++pair) {
+      const __m512i low = _mm512_load_si512(pairs + pair * 16), high = _mm512_load_si512(pairs + 256 + pair * 16);
+      _mm512_mask_storeu_epi16(planes + 2 * pair * plane_pitch + p0, pixel_mask,
+                               _mm512_permutex2var_epi16(low, even, high));
+      if (2 * pair + 1 < channels)
+        _mm512_mask_storeu_epi16(planes + (2 * pair + 1) * plane_pitch + p0, pixel_mask,
+                                 _mm512_permutex2var_epi16(low, odd, high));
+    }
+  }
+}
+
+// Rows of bytes that amx_plane fetches into cache while it multiplies, a
+// share at each pair of input rows: the data of the next plane, or of the
+// next batch of channels-last samples. Without it the layer took twice as
+// long as its products: the copies into A and D waited on memory.
+struct AmxPrefetch {
+  const char* begin = nullptr;
+  int64_t stride = 0, rows = 0, row_bytes = 0;
+  // Rows [part * rows / parts, (part + 1) * rows / parts).
+  void fetch(int64_t part, int64_t parts) const {
+    for (int64_t row = part * rows / parts; row < (part + 1) * rows / parts; ++row) {
+      const char* start = begin + row * stride;
+      for (int64_t byte = 0; byte < row_bytes; byte += 64) _mm_prefetch(start + byte, _MM_HINT_T0);
+      _mm_prefetch(start + row_bytes - 1, _MM_HINT_T0);
+    }
+  }
+};
+
+// The lanes of 32 bf16 that hold an infinity or NaN (exponent all ones).
+TORCH_CONVGRAD_AMX_TARGET inline __mmask32 non_finite_lanes(__m512i values) {
+  const __m512i exponent = _mm512_set1_epi16(0x7F80);
+  return _mm512_cmpeq_epi16_mask(_mm512_and_si512(values, exponent), exponent);
+}
+
+// Adds one plane's products to the sums in tiles 0-3, fetching `prefetch`'s
+// rows (the next plane's, or none) meanwhile. Returns false where the plane
+// holds an infinity or NaN: the zeros of A and D (padding, rows outside the
+// plane) would turn it into NaN in taps that never read it.
+TORCH_CONVGRAD_AMX_TARGET inline bool amx_plane(const AmxPlan& plan, const uint16_t* x, int64_t x_row,
+                                                const uint16_t* dy, int64_t dy_row, const AmxPrefetch (&prefetch)[2],
+                                                AmxBuffers& buffers) {
+  // Locals: the compiler cannot keep plan's fields in registers across the
+  // vector stores, which may alias anything.
+  const int64_t H = plan.H, OH = plan.OH, OW = plan.OW, KW = plan.KW, pad_h = plan.pad_h;
+  const int64_t chunk_size = plan.chunk, chunks = plan.chunks, pitch = plan.d_width;
+  const int64_t x_first = -plan.pad_w, x_step = plan.dilation_w;
+  const uint32_t* masks = plan.masks.data();
+  uint32_t* d = buffers.d.data();
+  uint16_t* a_buffers = buffers.a.data();
+  uint32_t* rows = buffers.rows.data();
+  __mmask32 non_finite = 0;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t w0 = 0; w0 < plan.W; w0 += 32) {
+      const __mmask32 lanes = plan.W - w0 >= 32 ? ~__mmask32{0} : (__mmask32{1} << (plan.W - w0)) - 1;
+      non_finite |= non_finite_lanes(_mm512_maskz_loadu_epi16(lanes, x + h * x_row + w0));
+    }
+  // D, chunk by chunk, 16 output rows at a time: rows of 16 pairs transposed.
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    const int64_t ow0 = chunk * chunk_size, count = std::min(chunk_size, OW - ow0);
+    const __mmask32 valid = count >= 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1;
+    for (int64_t oh0 = 0; oh0 < OH; oh0 += 16) {
+      for (int64_t i = 0; i < 16; ++i) {
+        const int64_t oh = oh0 + i;
+        const __m512i pairs = oh < OH ? _mm512_maskz_loadu_epi16(valid, dy + oh * dy_row + ow0) : _mm512_setzero_si512();
+        non_finite |= non_finite_lanes(pairs);
+        _mm512_store_si512(rows + i * 16, pairs);
+      }
+      transpose_square<float, 16>(reinterpret_cast<const float*>(rows), 16,
+                                  reinterpret_cast<float*>(d + chunk * 16 * pitch + plan.KH - 1 + oh0), pitch);
+    }
+  }
+  int64_t product = 0;
+  for (int64_t r = 0; r < H; r += 2) {
+    // Output rows r + pad_h - KH + 1 .. r + pad_h + 1 meet this pair.
+    if (r + pad_h - plan.KH + 1 >= OH) break;
+    for (const AmxPrefetch& rows : prefetch) rows.fetch(r / 2, (H + 1) / 2);
+    const uint16_t* first_row = x + r * x_row + x_first;
+    const bool second = r + 1 < H;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk, ++product) {
+      const int64_t ow0 = chunk * chunk_size;
+      const uint32_t* chunk_masks = masks + chunk * kAmxRowTaps;
+      uint16_t* a = a_buffers + (product & 1) * 16 * kAmxChunk;
+      // A's rows past KW stay as the buffer began: zero.
+#pragma GCC unroll 8
+      for (int64_t kw = 0; kw < kAmxRowTaps; ++kw)
+        if (kw < KW)
+          _mm512_store_si512(a + kw * kAmxChunk,
+                             _mm512_maskz_loadu_epi16(chunk_masks[kw], first_row + ow0 + kw * x_step));
+#pragma GCC unroll 8
+      for (int64_t kw = 0; kw < kAmxRowTaps; ++kw)
+        if (kw < KW)
+          _mm512_store_si512(a + (kAmxRowTaps + kw) * kAmxChunk,
+                             second ? _mm512_maskz_loadu_epi16(chunk_masks[kw], first_row + x_row + ow0 + kw * x_step)
+                                    : _mm512_setzero_si512());
+      const uint32_t* b = d + chunk * 16 * pitch + r + pad_h;
+      // Tile numbers are immediates. Four sums (tiles 0-3) take turns, so
+      // that a product need not wait for the one before; alternate products
+      // load A and B into tiles 4, 5 and 6, 7.
+      switch (product & 3) {
+        case 0:
+          _tile_loadd(4, a, 2 * kAmxChunk);
+          _tile_loadd(5, b, 4 * pitch);
+          _tile_dpbf16ps(0, 4, 5);
+          break;
+        case 1:
+          _tile_loadd(6, a, 2 * kAmxChunk);
+          _tile_loadd(7, b, 4 * pitch);
+          _tile_dpbf16ps(1, 6, 7);
+          break;
+        case 2:
+          _tile_loadd(4, a, 2 * kAmxChunk);
+          _tile_loadd(5, b, 4 * pitch);
+          _tile_dpbf16ps(2, 4, 5);
+          break;
+        default:
+          _tile_loadd(6, a, 2 * kAmxChunk);
+          _tile_loadd(7, b, 4 * pitch);
+          _tile_dpbf16ps(3, 6, 7);
+      }
+    }
+  }
+  return non_finite == 0;
+}
+
+TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sample_begin, int64_t sample_end,
+                                                    int64_t channel_begin, int64_t channel_end, float* result) {
+  const AmxPlan plan = amx_plan(args);
+  AmxBuffers buffers(plan);
+  const int64_t channels = channel_end - channel_begin;
+  std::vector<float> sums(channels * kAmxSums, 0.0f);
+  TileConfig config{};
+  config.palette = 1;
+  for (int tile = 0; tile < 4; ++tile) {  // C
+    config.rows[tile] = 16;
+    config.bytes_per_row[tile] = 64;
+  }
+  for (int tile = 4; tile < 8; tile += 2) {
+    config.rows[tile] = 16;  // A
+    config.bytes_per_row[tile] = static_cast<uint16_t>(2 * plan.chunk);
+    config.rows[tile + 1] = static_cast<uint8_t>(plan.chunk / 2);  // B
+    config.bytes_per_row[tile + 1] = 64;
+  }
+  _tile_loadconfig(&config);
+
+  const int64_t* xs = args.input_strides;
+  const int64_t* dys = args.grad_output_strides;
+  const auto* input = static_cast<const uint16_t*>(args.input);
+  const auto* grad_output = static_cast<const uint16_t*>(args.grad_output);
+  const bool channels_first = xs[4] == 1 && dys[4] == 1;
+  const int64_t x_plane = plan.H * plan.W, dy_plane = plan.OH * plan.OW;
+  std::vector<uint16_t> x_planes, dy_planes;
+  bool finite = true;
+  // The sums of a channel live in tiles 0-3 across its planes.
+  const auto load_sums = [&](const float* tiles) {
+    _tile_loadd(0, tiles, 64);
+    _tile_loadd(1, tiles + 256, 64);
+    _tile_loadd(2, tiles + 512, 64);
+    _tile_loadd(3, tiles + 768, 64);
+  };
+  const auto store_sums = [&](float* tiles) {
+    _tile_stored(0, tiles, 64);
+    _tile_stored(1, tiles + 256, 64);
+    _tile_stored(2, tiles + 512, 64);
+    _tile_stored(3, tiles + 768, 64);
+  };
+  const auto x_plane_at = [&](int64_t n, int64_t c, int64_t z) {
+    return input + n * xs[0] + (channel_begin + c) * xs[1] + z * xs[2];
+  };
+  const auto dy_plane_at = [&](int64_t n, int64_t c, int64_t z) {
+    return grad_output + n * dys[0] + (channel_begin + c) * dys[1] + z * dys[2];
+  };
+  if (channels_first) {  // a channel's planes one after another
+    for (int64_t c = 0; c < channels; ++c) {
+      float* channel_sums = sums.data() + c * kAmxSums;
+      load_sums(channel_sums);
+      for (int64_t n = sample_begin; n < sample_end; ++n)
+        for (int64_t z = 0; z < args.out[0]; ++z) {
+          // The plane after this one: the next slice, sample or channel.
+          int64_t next_n = n, next_z = z + 1, next_c = c;
+          if (next_z == args.out[0]) next_z = 0, ++next_n;
+          if (next_n == sample_end) next_n = sample_begin, ++next_c;
+          AmxPrefetch next[2];
+          if (next_c < channels) {
+            next[0] = {reinterpret_cast<const char*>(x_plane_at(next_n, next_c, next_z)), 2 * xs[3], plan.H, 2 * plan.W};
+            next[1] = {reinterpret_cast<const char*>(dy_plane_at(next_n, next_c, next_z)), 2 * dys[3], plan.OH,
+                       2 * plan.OW};
+          }
+          finite &= amx_plane(plan, x_plane_at(n, c, z), xs[3], dy_plane_at(n, c, z), dys[3], next, buffers);
+        }
+      store_sums(channel_sums);
+    }
+  } else {
+    // Channels-last data: a batch of samples' planes of the task's channels
+    // transposed at once, into about 1 MB (L2), then a channel's planes one
+    // after another.
+    const int64_t batch = std::max<int64_t>(1, (int64_t{1} << 19) / (channels * (x_plane + dy_plane)));
+    // Rows one at a time unless they follow on from each other.
+    const bool x_flat = xs[3] == plan.W * xs[4], dy_flat = dys[3] == plan.OW * dys[4];
+    for (int64_t n0 = sample_begin; n0 < sample_end; n0 += batch) {
+      const int64_t n1 = std::min(sample_end, n0 + batch), slices = (n1 - n0) * args.out[0];
+      x_planes.resize(slices * channels * x_plane);
+      dy_planes.resize(slices * channels * dy_plane);
+      // planes[slice][channel][position]
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t z = 0; z < args.out[0]; ++z) {
+          const int64_t slice = (n - n0) * args.out[0] + z;
+          for (int64_t h = 0; h < (x_flat ? 1 : plan.H); ++h)
+            transpose_channels(x_plane_at(n, 0, z) + h * xs[3], xs[4], x_flat ? x_plane : plan.W, channels,
+                               x_planes.data() + slice * channels * x_plane + h * plan.W, x_plane, buffers.rows.data());
+          for (int64_t oh = 0; oh < (dy_flat ? 1 : plan.OH); ++oh)
+            transpose_channels(dy_plane_at(n, 0, z) + oh * dys[3], dys[4], dy_flat ? dy_plane : plan.OW, channels,
+                               dy_planes.data() + slice * channels * dy_plane + oh * plan.OW, dy_plane,
+                               buffers.rows.data());
+        }
+      for (int64_t c = 0; c < channels; ++c) {
+        load_sums(sums.data() + c * kAmxSums);
+        for (int64_t slice = 0; slice < slices; ++slice) {
+          const int64_t plane = slice * channels + c;
+          finite &= amx_plane(plan, x_planes.data() + plane * x_plane, plan.W, dy_planes.data() + plane * dy_plane,
+                              plan.OW, {}, buffers);
+        }
+        store_sums(sums.data() + c * kAmxSums);
+      }
+    }
+  }
+  _tile_release();
+  if (!finite) args.non_finite->store(true);
+  for (int64_t c = 0; c < channels; ++c) {
+    const float* tiles = sums.data() + c * kAmxSums;
+    for (int64_t kh = 0; kh < plan.KH; ++kh)
+      for (int64_t kw = 0; kw < plan.KW; ++kw) {
+        float sum = 0;
+        for (int64_t tile = 0; tile < 4; ++tile)
+          sum += tiles[tile * 256 + kw * 16 + plan.KH - 1 - kh] +
+                 tiles[tile * 256 + (kAmxRowTaps + kw) * 16 + plan.KH - kh];
+        result[(c * plan.KH + kh) * plan.KW + kw] = sum;
+      }
+  }
+}
+
+void amx_bf16(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin, int64_t channel_end,
+              void* result) {
+  amx_bf16_impl(args, sample_begin, sample_end, channel_begin, channel_end, static_cast<float*>(result));
+}
+#endif  // CPU_CAPABILITY_AVX512 && TORCH_CONVGRAD_DEPTHWISE_AMX
 
 }  // namespace torch_convgrad::depthwise_kernel::CPU_CAPABILITY
 

@@ -1,0 +1,106 @@
+// bf16 depthwise 2-D layers with stride 1 on AMX tiles: depthwise_kernel.h's
+// amx_bf16, one tile product per pair of input rows and chunk of a row. The
+// depthwise kernel's FMA tiles run at the FMA ports' rate; a 7x7 layer
+// (ConvNeXt) has too few multiply-adds per byte to be bound by memory, so its
+// bf16 form gains from the tiles' rate even though a product uses only 2 x 7
+// x 8 of its 16 x 16 sums. Inputs with an infinity or NaN run ATen.
+#include "depthwise.h"
+
+#if defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+#include <algorithm>
+
+namespace torch_convgrad {
+
+#if defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
+bool depthwise_kernel::amx_tiles_granted() {
+  // arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): Linux 5.16 and
+  // later hand out the tile state only on request. oneDNN asks the same.
+  constexpr int kRequestPermission = 0x1023, kTileData = 18;
+  static const bool granted = syscall(SYS_arch_prctl, kRequestPermission, kTileData) == 0;
+  return granted;
+}
+#endif
+
+namespace {
+
+// Chunks of a row the kernel multiplies: one tile product each per pair of
+// input rows.
+int64_t products_of(const Geometry& g) {
+  const int64_t chunks = ceil_div(g.out[2], 32);
+  return g.batch * g.in_channels * g.out[0] * ceil_div(g.in[1], 2) * chunks;
+}
+
+bool supports(const Problem& problem) {
+#if defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
+  const at::Tensor& input = problem.input;
+  if (!input.device().is_cpu() || input.layout() != at::kStrided || input.scalar_type() != at::kBFloat16 ||
+      problem.grad_output.layout() != at::kStrided)
+    return false;
+  if (problem.spatial_rank() > 3 || depthwise_group_channels(problem) != 1) return false;
+  if (!cpu_is_avx512() || !cpu_has_amx_bf16() || !depthwise_kernel::amx_tiles_granted()) return false;
+  const Geometry g = geometry_of(problem);
+  // The first axis (3-D layers only) runs plane by plane: kernel 1, stride 1.
+  if (g.kernel[0] != 1 || g.stride[0] != 1 || g.pad_begin[0] != 0) return false;
+  if (g.stride[1] != 1 || g.stride[2] != 1 || g.dilation[1] != 1 || g.pad_begin[1] < 0) return false;
+  // A's 16 rows hold 8 taps along the row for two input rows; B's 16
+  // columns the kernel's rows plus one.
+  if (g.kernel[2] > 8 || g.kernel[1] > 15) return false;
+  const bool channels_first = g.input_strides[4] == 1 && g.grad_output_strides[4] == 1;
+  const bool channels_last = g.input_strides[1] == 1 && g.grad_output_strides[1] == 1;
+  return channels_first || channels_last;
+#else
+  (void)problem;
+  return false;
+#endif
+}
+
+// Measured on an Intel Xeon (Sapphire Rapids, 2 cores), 2 threads, bf16,
+// 2026-11-24: ConvNeXt's 7x7 layers (N=8, 96 channels at 56x56 to 768 at
+// 7x7, channels-first) fit about 20 ns a product and 55 ns a plane (D's copy,
+// the loop's ends); channels-last data adds its transposition, about 15 GB/s.
+// The depthwise kernel ran the 3x3 layers and the smallest 7x7 maps faster.
+constexpr double kSecondsPerProduct = 20e-9;
+constexpr double kSecondsPerPlane = 55e-9;
+constexpr double kTransposedBytesPerSecond = 15e9;
+constexpr double kBytesPerSecond = 21e9;
+constexpr double kOverheadSeconds = 15e-6;
+
+double cost(const Problem& problem, const Geometry& g) {
+  const double bytes = g.data_bytes(problem.input.element_size());
+  const bool channels_first = g.input_strides[4] == 1 && g.grad_output_strides[4] == 1;
+  const double planes = static_cast<double>(g.batch * g.in_channels * g.out[0]);
+  const double compute = static_cast<double>(products_of(g)) * kSecondsPerProduct + planes * kSecondsPerPlane;
+  return kOverheadSeconds + std::max(bytes / kBytesPerSecond, compute) +
+         (channels_first ? 0.0 : bytes / kTransposedBytesPerSecond);
+}
+
+at::Tensor run(const Problem& problem) {
+#if defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
+  const Geometry geometry = geometry_of(problem);
+  // Channels-last data is transposed into planes a block of channels (a
+  // cache line of bf16) at a time.
+  const bool channels_first = geometry.input_strides[4] == 1 && geometry.grad_output_strides[4] == 1;
+  std::atomic<bool> non_finite{false};
+  depthwise_kernel::Args args = depthwise_args(problem, geometry);
+  args.non_finite = &non_finite;
+  at::Tensor result = run_depthwise_tasks(problem, geometry, args, depthwise_kernel::AVX512::amx_bf16,
+                                          channels_first ? 0 : 32, 1);
+  // The exact sum skips the padding and the rows outside the plane, where
+  // the tiles multiply by zero: an infinity or NaN goes to ATen instead.
+  return non_finite ? kAtenAlgorithm.run(problem) : result;
+#else
+  (void)problem;
+  TORCH_CHECK(false, "the amx_depthwise algorithm needs AMX tile intrinsics (GCC 11, Clang 12) on Linux");
+  return {};
+#endif
+}
+
+}  // namespace
+
+const Algorithm kAmxDepthwiseAlgorithm{"amx_depthwise", supports, cost, run};
+
+}  // namespace torch_convgrad
