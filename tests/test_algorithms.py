@@ -520,6 +520,14 @@ def test_bf16_1x1_channels_last_goes_to_amx():
     assert ran == "amx"
 
 
+def assert_non_finite_where_expected(result, expected):
+    """Infinities and NaN exactly where the reference has them (some taps finite), the rest close."""
+    assert torch.equal(result.isfinite(), expected.isfinite())
+    assert result.isfinite().sum() > 0
+    finite = expected.isfinite()
+    assert_matches_ref(torch.where(finite, result, 0), torch.where(finite, expected, 0), torch.bfloat16)
+
+
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_amx_planes_keeps_non_finite_inputs_to_the_taps_that_read_them(value):
@@ -531,11 +539,7 @@ def test_amx_planes_keeps_non_finite_inputs_to_the_taps_that_read_them(value):
     dy = rand([2, 4, 6, 8], torch.bfloat16, seed=10)
     attributes = dict(pads_begin=1, pads_end=1, data_format="NCX", filter_format="OIX")
     result, _ = run("amx_planes", x, dy, [4, 3, 3, 3], attributes)
-    expected = REF.conv_backprop_filters(x, dy, [4, 3, 3, 3], **attributes)
-    assert torch.equal(result.isfinite(), expected.isfinite())
-    assert result.isfinite().sum() > 0
-    finite = expected.isfinite()
-    assert_matches_ref(torch.where(finite, result, 0), torch.where(finite, expected, 0), torch.bfloat16)
+    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [4, 3, 3, 3], **attributes))
 
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
@@ -635,11 +639,11 @@ def test_amx_depthwise(case, layout):
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_amx_depthwise_keeps_non_finite_inputs_to_the_taps_that_read_them(value, data_format):
-    """amx_depthwise zeroes the lanes of its operands that fall in the padding or past a row's
-    positions, so an infinity next to them reaches only the taps that read it."""
+    """amx_depthwise multiplies the input's rows by zeros of the output gradient outside its plane,
+    which turns an infinity or NaN into NaN in taps that never read it; such calls are recomputed
+    by ATen. The last pixel of the first row is read only by the last two taps along the row, by
+    the first two rows of taps."""
     x = rand(data_shape(2, 3, (6, 9), data_format), torch.bfloat16, seed=43)
-    # The last pixel of the first row: the last tap along the row of the last window reads it
-    # (stride 1, 9 windows of 3 taps with one pixel of padding on each side).
     if data_format == "NCX":
         x[0, 1, 0, 8] = value
     else:
@@ -648,11 +652,7 @@ def test_amx_depthwise_keeps_non_finite_inputs_to_the_taps_that_read_them(value,
     attributes = dict(pads_begin=1, pads_end=1, groups=3, data_format=data_format, filter_format="OIX")
     result, ran = run("amx_depthwise", x, dy, [3, 1, 3, 3], attributes)
     assert ran == "amx_depthwise"
-    expected = REF.conv_backprop_filters(x, dy, [3, 1, 3, 3], **attributes)
-    assert torch.equal(result.isfinite(), expected.isfinite())
-    assert result.isfinite().sum() > 0
-    finite = expected.isfinite()
-    assert_matches_ref(torch.where(finite, result, 0), torch.where(finite, expected, 0), torch.bfloat16)
+    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [3, 1, 3, 3], **attributes))
 
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")

@@ -3,13 +3,15 @@
 // depthwise kernel's FMA tiles run at the FMA ports' rate; a 7x7 layer
 // (ConvNeXt) has too few multiply-adds per byte to be bound by memory, so its
 // bf16 form gains from the tiles' rate even though a product uses only 2 x 7
-// x 8 of its 16 x 16 sums. Inputs with an infinity or NaN run ATen.
+// x 8 of its 16 x 16 sums. ATen takes inputs with an infinity or NaN.
 #include "depthwise.h"
 
 #if defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
+
+#include <ATen/ops/isfinite.h>
 
 #include <algorithm>
 
@@ -89,9 +91,15 @@ at::Tensor run(const Problem& problem) {
   args.non_finite = &non_finite;
   at::Tensor result = run_depthwise_tasks(problem, geometry, args, depthwise_kernel::AVX512::amx_bf16,
                                           channels_first ? 0 : 32, 1);
-  // The exact sum skips the padding and the rows outside the plane, where
-  // the tiles multiply by zero: an infinity or NaN goes to ATen instead.
-  return non_finite ? kAtenAlgorithm.run(problem) : result;
+  // The tiles multiply the input's rows by zeros of the output gradient
+  // outside its plane, which an infinity or NaN in the input turns into NaN
+  // in taps that never read it: then (seen as a non-finite sum) ATen
+  // recomputes the call. An infinity or NaN in the output gradient, as in
+  // the depthwise kernel, turns into NaN in the taps whose windows reach the
+  // padding along the row (which the reference multiplies too), though not
+  // the padding above and below the plane.
+  if (non_finite && !at::isfinite(problem.input).all().item<bool>()) return kAtenAlgorithm.run(problem);
+  return result;
 #else
   (void)problem;
   TORCH_CHECK(false, "the amx_depthwise algorithm needs AMX tile intrinsics (GCC 11, Clang 12) on Linux");

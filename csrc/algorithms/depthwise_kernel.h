@@ -29,8 +29,8 @@ struct Args {
   // Channels a group, input and output alike: 1, 2, 4 or 8, at most one
   // vector of lanes (depthwise.cpp checks).
   int64_t group_channels;
-  // amx_bf16 sets it where the data holds an infinity or NaN, and its result
-  // is then not to be used.
+  // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
+  // or NaN in the data that it loads makes some sum).
   std::atomic<bool>* non_finite = nullptr;
 };
 
@@ -897,8 +897,15 @@ TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source,
   uint32_t* pairs = scratch + 16 * 16;   // [half][pair][pixel]
   for (int64_t p0 = 0; p0 < count; p0 += 32) {
     for (int64_t half = 0; half < 2; ++half) {
+      const int64_t first = p0 + half * 16;
+      // Whole blocks straight from the source; edges through a zeroed copy.
+      if (channels == 32 && pixel_stride % 2 == 0 && first + 16 <= count) {
+        transpose_square<float, 16>(reinterpret_cast<const float*>(source + first * pixel_stride), pixel_stride / 2,
+                                    reinterpret_cast<float*>(pairs + half * 256), 16);
+        continue;
+      }
       for (int64_t i = 0; i < 16; ++i) {
-        const int64_t p = p0 + half * 16 + i;
+        const int64_t p = first + i;
         _mm512_store_si512(pixels + i * 16, p < count ? _mm512_maskz_loadu_epi16(channel_mask, source + p * pixel_stride)
                                                       : _mm512_setzero_si512());
       }
@@ -935,17 +942,9 @@ struct AmxPrefetch {
   }
 };
 
-// The lanes of 32 bf16 that hold an infinity or NaN (exponent all ones).
-TORCH_CONVGRAD_AMX_TARGET inline __mmask32 non_finite_lanes(__m512i values) {
-  const __m512i exponent = _mm512_set1_epi16(0x7F80);
-  return _mm512_cmpeq_epi16_mask(_mm512_and_si512(values, exponent), exponent);
-}
-
 // Adds one plane's products to the sums in tiles 0-3, fetching `prefetch`'s
-// rows (the next plane's, or none) meanwhile. Returns false where the plane
-// holds an infinity or NaN: the zeros of A and D (padding, rows outside the
-// plane) would turn it into NaN in taps that never read it.
-TORCH_CONVGRAD_AMX_TARGET inline bool amx_plane(const AmxPlan& plan, const uint16_t* x, int64_t x_row,
+// rows (the next plane's, or none) meanwhile.
+TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint16_t* x, int64_t x_row,
                                                 const uint16_t* dy, int64_t dy_row, const AmxPrefetch (&prefetch)[2],
                                                 AmxBuffers& buffers) {
   // Locals: the compiler cannot keep plan's fields in registers across the
@@ -957,12 +956,6 @@ TORCH_CONVGRAD_AMX_TARGET inline bool amx_plane(const AmxPlan& plan, const uint1
   uint32_t* d = buffers.d.data();
   uint16_t* a_buffers = buffers.a.data();
   uint32_t* rows = buffers.rows.data();
-  __mmask32 non_finite = 0;
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t w0 = 0; w0 < plan.W; w0 += 32) {
-      const __mmask32 lanes = plan.W - w0 >= 32 ? ~__mmask32{0} : (__mmask32{1} << (plan.W - w0)) - 1;
-      non_finite |= non_finite_lanes(_mm512_maskz_loadu_epi16(lanes, x + h * x_row + w0));
-    }
   // D, chunk by chunk, 16 output rows at a time: rows of 16 pairs transposed.
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     const int64_t ow0 = chunk * chunk_size, count = std::min(chunk_size, OW - ow0);
@@ -971,7 +964,6 @@ TORCH_CONVGRAD_AMX_TARGET inline bool amx_plane(const AmxPlan& plan, const uint1
       for (int64_t i = 0; i < 16; ++i) {
         const int64_t oh = oh0 + i;
         const __m512i pairs = oh < OH ? _mm512_maskz_loadu_epi16(valid, dy + oh * dy_row + ow0) : _mm512_setzero_si512();
-        non_finite |= non_finite_lanes(pairs);
         _mm512_store_si512(rows + i * 16, pairs);
       }
       transpose_square<float, 16>(reinterpret_cast<const float*>(rows), 16,
@@ -1028,7 +1020,6 @@ TORCH_CONVGRAD_AMX_TARGET inline bool amx_plane(const AmxPlan& plan, const uint1
       }
     }
   }
-  return non_finite == 0;
 }
 
 TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sample_begin, int64_t sample_end,
@@ -1058,7 +1049,6 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
   const bool channels_first = xs[4] == 1 && dys[4] == 1;
   const int64_t x_plane = plan.H * plan.W, dy_plane = plan.OH * plan.OW;
   std::vector<uint16_t> x_planes, dy_planes;
-  bool finite = true;
   // The sums of a channel live in tiles 0-3 across its planes.
   const auto load_sums = [&](const float* tiles) {
     _tile_loadd(0, tiles, 64);
@@ -1094,7 +1084,7 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
             next[1] = {reinterpret_cast<const char*>(dy_plane_at(next_n, next_c, next_z)), 2 * dys[3], plan.OH,
                        2 * plan.OW};
           }
-          finite &= amx_plane(plan, x_plane_at(n, c, z), xs[3], dy_plane_at(n, c, z), dys[3], next, buffers);
+          amx_plane(plan, x_plane_at(n, c, z), xs[3], dy_plane_at(n, c, z), dys[3], next, buffers);
         }
       store_sums(channel_sums);
     }
@@ -1125,15 +1115,23 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
         load_sums(sums.data() + c * kAmxSums);
         for (int64_t slice = 0; slice < slices; ++slice) {
           const int64_t plane = slice * channels + c;
-          finite &= amx_plane(plan, x_planes.data() + plane * x_plane, plan.W, dy_planes.data() + plane * dy_plane,
-                              plan.OW, {}, buffers);
+          const int64_t next = slice + 1 < slices ? plane + channels : c + 1;
+          AmxPrefetch fetch[2];
+          if (next < slices * channels) {
+            fetch[0] = {reinterpret_cast<const char*>(x_planes.data() + next * x_plane), 2 * plan.W, plan.H,
+                        2 * plan.W};
+            fetch[1] = {reinterpret_cast<const char*>(dy_planes.data() + next * dy_plane), 2 * plan.OW, plan.OH,
+                        2 * plan.OW};
+          }
+          amx_plane(plan, x_planes.data() + plane * x_plane, plan.W, dy_planes.data() + plane * dy_plane, plan.OW,
+                    fetch, buffers);
         }
         store_sums(sums.data() + c * kAmxSums);
       }
     }
   }
   _tile_release();
-  if (!finite) args.non_finite->store(true);
+  bool finite = true;
   for (int64_t c = 0; c < channels; ++c) {
     const float* tiles = sums.data() + c * kAmxSums;
     for (int64_t kh = 0; kh < plan.KH; ++kh)
@@ -1143,8 +1141,10 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
           sum += tiles[tile * 256 + kw * 16 + plan.KH - 1 - kh] +
                  tiles[tile * 256 + (kAmxRowTaps + kw) * 16 + plan.KH - kh];
         result[(c * plan.KH + kh) * plan.KW + kw] = sum;
+        finite &= std::isfinite(sum);
       }
   }
+  if (!finite) args.non_finite->store(true);
 }
 
 void amx_bf16(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin, int64_t channel_end,
