@@ -513,10 +513,13 @@ def test_bf16_1d_front_end_goes_to_amx(data_format):
 
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
-def test_bf16_1x1_channels_last_goes_to_amx():
-    x = rand(data_shape(8, 64, (56, 56), "NXC"), torch.bfloat16, seed=21)
-    dy = rand(data_shape(8, 256, (56, 56), "NXC"), torch.bfloat16, seed=22)
-    _, ran = run(None, x, dy, [256, 64, 1, 1], dict(data_format="NXC", filter_format="OIX"))
+@pytest.mark.parametrize("c,o,size", [(64, 256, 56), (1024, 256, 14)])
+def test_bf16_1x1_channels_last_goes_to_amx(c, o, size):
+    """ResNet-50's channels-last 1x1 layers in bf16 ran 1.2-1.5x faster on amx's rows path than in
+    oneDNN (Sapphire Rapids, 2 threads)."""
+    x = rand(data_shape(8, c, (size, size), "NXC"), torch.bfloat16, seed=21)
+    dy = rand(data_shape(8, o, (size, size), "NXC"), torch.bfloat16, seed=22)
+    _, ran = run(None, x, dy, [o, c, 1, 1], dict(data_format="NXC", filter_format="OIX"))
     assert ran == "amx"
 
 
