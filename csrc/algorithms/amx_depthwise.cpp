@@ -1,9 +1,9 @@
 // bf16 depthwise 2-D layers with stride 1 on AMX tiles: depthwise_kernel.h's
 // amx_bf16, one tile product per pair of input rows and chunk of a row. The
-// depthwise kernel's FMA tiles run at the FMA ports' rate; a 7x7 layer
-// (ConvNeXt) has too few multiply-adds per byte to be bound by memory, so its
-// bf16 form gains from the tiles' rate even though a product uses only 2 x 7
-// x 8 of its 16 x 16 sums. ATen takes inputs with an infinity or NaN.
+// depthwise kernel's FMA tiles run at the FMA ports' rate, which bounds a 7x7
+// layer (ConvNeXt: 49 multiply-adds per element read), so its bf16 form gains
+// from the tiles' rate even though a product uses only 2 x 7 x 7 of its 16 x
+// 16 sums. ATen takes inputs with an infinity or NaN.
 #include "depthwise.h"
 
 #if defined(TORCH_CONVGRAD_DEPTHWISE_AMX)

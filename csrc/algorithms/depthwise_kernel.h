@@ -823,7 +823,7 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
 // chunk). B is a window of 16 columns into D, grad_output's plane transposed
 // into VNNI pairs once per plane: D[k / 2][KH - 1 + oh] holds the pair
 // (grad_output[oh][ow0 + k], [.. + k + 1]), zero outside the plane. Of C's
-// 16 x 16 sums a 7 x 7 kernel uses 2 x 7 x 8; the rest are never read.
+// 16 x 16 sums a 7 x 7 kernel uses 2 x 7 x 7; the rest are never read.
 // ---------------------------------------------------------------------------
 
 #define TORCH_CONVGRAD_AMX_TARGET \
@@ -925,28 +925,9 @@ TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source,
   }
 }
 
-// Rows of bytes that amx_plane fetches into cache while it multiplies, a
-// share at each pair of input rows: the data of the next plane, or of the
-// next batch of channels-last samples. Without it the layer took twice as
-// long as its products: the copies into A and D waited on memory.
-struct AmxPrefetch {
-  const char* begin = nullptr;
-  int64_t stride = 0, rows = 0, row_bytes = 0;
-  // Rows [part * rows / parts, (part + 1) * rows / parts).
-  void fetch(int64_t part, int64_t parts) const {
-    for (int64_t row = part * rows / parts; row < (part + 1) * rows / parts; ++row) {
-      const char* start = begin + row * stride;
-      for (int64_t byte = 0; byte < row_bytes; byte += 64) _mm_prefetch(start + byte, _MM_HINT_T0);
-      _mm_prefetch(start + row_bytes - 1, _MM_HINT_T0);
-    }
-  }
-};
-
-// Adds one plane's products to the sums in tiles 0-3, fetching `prefetch`'s
-// rows (the next plane's, or none) meanwhile.
+// Adds one plane's products to the sums in tiles 0-3.
 TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint16_t* x, int64_t x_row,
-                                                const uint16_t* dy, int64_t dy_row, const AmxPrefetch (&prefetch)[2],
-                                                AmxBuffers& buffers) {
+                                                const uint16_t* dy, int64_t dy_row, AmxBuffers& buffers) {
   // Locals: the compiler cannot keep plan's fields in registers across the
   // vector stores, which may alias anything.
   const int64_t H = plan.H, OH = plan.OH, OW = plan.OW, KW = plan.KW, pad_h = plan.pad_h;
@@ -974,7 +955,6 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint1
   for (int64_t r = 0; r < H; r += 2) {
     // Output rows r + pad_h - KH + 1 .. r + pad_h + 1 meet this pair.
     if (r + pad_h - plan.KH + 1 >= OH) break;
-    for (const AmxPrefetch& rows : prefetch) rows.fetch(r / 2, (H + 1) / 2);
     const uint16_t* first_row = x + r * x_row + x_first;
     const bool second = r + 1 < H;
     for (int64_t chunk = 0; chunk < chunks; ++chunk, ++product) {
@@ -1073,19 +1053,8 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
       float* channel_sums = sums.data() + c * kAmxSums;
       load_sums(channel_sums);
       for (int64_t n = sample_begin; n < sample_end; ++n)
-        for (int64_t z = 0; z < args.out[0]; ++z) {
-          // The plane after this one: the next slice, sample or channel.
-          int64_t next_n = n, next_z = z + 1, next_c = c;
-          if (next_z == args.out[0]) next_z = 0, ++next_n;
-          if (next_n == sample_end) next_n = sample_begin, ++next_c;
-          AmxPrefetch next[2];
-          if (next_c < channels) {
-            next[0] = {reinterpret_cast<const char*>(x_plane_at(next_n, next_c, next_z)), 2 * xs[3], plan.H, 2 * plan.W};
-            next[1] = {reinterpret_cast<const char*>(dy_plane_at(next_n, next_c, next_z)), 2 * dys[3], plan.OH,
-                       2 * plan.OW};
-          }
-          amx_plane(plan, x_plane_at(n, c, z), xs[3], dy_plane_at(n, c, z), dys[3], next, buffers);
-        }
+        for (int64_t z = 0; z < args.out[0]; ++z)
+          amx_plane(plan, x_plane_at(n, c, z), xs[3], dy_plane_at(n, c, z), dys[3], buffers);
       store_sums(channel_sums);
     }
   } else {
@@ -1115,16 +1084,8 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
         load_sums(sums.data() + c * kAmxSums);
         for (int64_t slice = 0; slice < slices; ++slice) {
           const int64_t plane = slice * channels + c;
-          const int64_t next = slice + 1 < slices ? plane + channels : c + 1;
-          AmxPrefetch fetch[2];
-          if (next < slices * channels) {
-            fetch[0] = {reinterpret_cast<const char*>(x_planes.data() + next * x_plane), 2 * plan.W, plan.H,
-                        2 * plan.W};
-            fetch[1] = {reinterpret_cast<const char*>(dy_planes.data() + next * dy_plane), 2 * plan.OW, plan.OH,
-                        2 * plan.OW};
-          }
           amx_plane(plan, x_planes.data() + plane * x_plane, plan.W, dy_planes.data() + plane * dy_plane, plan.OW,
-                    fetch, buffers);
+                    buffers);
         }
         store_sums(sums.data() + c * kAmxSums);
       }
