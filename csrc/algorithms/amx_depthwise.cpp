@@ -36,6 +36,10 @@ int64_t products_of(const Geometry& g) {
   return g.batch * g.in_channels * g.out[0] * ceil_div(g.in[1], 2) * chunks;
 }
 
+// Whether both tensors have unit-stride rows, read in place as planes
+// (channels-first); otherwise the kernel transposes channels-last data.
+bool channels_first(const Geometry& g) { return g.input_strides[4] == 1 && g.grad_output_strides[4] == 1; }
+
 bool supports(const Problem& problem) {
 #if defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
   const at::Tensor& input = problem.input;
@@ -51,9 +55,7 @@ bool supports(const Problem& problem) {
   // A's 16 rows hold 8 taps along the row for two input rows; B's 16
   // columns the kernel's rows plus one.
   if (g.kernel[2] > 8 || g.kernel[1] > 15) return false;
-  const bool channels_first = g.input_strides[4] == 1 && g.grad_output_strides[4] == 1;
-  const bool channels_last = g.input_strides[1] == 1 && g.grad_output_strides[1] == 1;
-  return channels_first || channels_last;
+  return channels_first(g) || (g.input_strides[1] == 1 && g.grad_output_strides[1] == 1);
 #else
   (void)problem;
   return false;
@@ -73,24 +75,22 @@ constexpr double kOverheadSeconds = 15e-6;
 
 double cost(const Problem& problem, const Geometry& g) {
   const double bytes = g.data_bytes(problem.input.element_size());
-  const bool channels_first = g.input_strides[4] == 1 && g.grad_output_strides[4] == 1;
   const double planes = static_cast<double>(g.batch * g.in_channels * g.out[0]);
   const double compute = static_cast<double>(products_of(g)) * kSecondsPerProduct + planes * kSecondsPerPlane;
   return kOverheadSeconds + std::max(bytes / kBytesPerSecond, compute) +
-         (channels_first ? 0.0 : bytes / kTransposedBytesPerSecond);
+         (channels_first(g) ? 0.0 : bytes / kTransposedBytesPerSecond);
 }
 
 at::Tensor run(const Problem& problem) {
 #if defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
   const Geometry geometry = geometry_of(problem);
-  // Channels-last data is transposed into planes a block of channels (a
-  // cache line of bf16) at a time.
-  const bool channels_first = geometry.input_strides[4] == 1 && geometry.grad_output_strides[4] == 1;
   std::atomic<bool> non_finite{false};
   depthwise_kernel::Args args = depthwise_args(problem, geometry);
   args.non_finite = &non_finite;
+  // Channels-last data is transposed into planes a block of channels (a
+  // cache line of bf16) at a time.
   at::Tensor result = run_depthwise_tasks(problem, geometry, args, depthwise_kernel::AVX512::amx_bf16,
-                                          channels_first ? 0 : 32, 1);
+                                          channels_first(geometry) ? 0 : 32, 1);
   // The tiles multiply the input's rows by zeros of the output gradient
   // outside its plane, which an infinity or NaN in the input turns into NaN
   // in taps that never read it: then (seen as a non-finite sum) ATen

@@ -135,7 +135,6 @@ at::Tensor run_depthwise_tasks(const Problem& problem, const Geometry& geometry,
 
 namespace {
 
-
 bool supports(const Problem& problem) {
   const at::Tensor& input = problem.input;
   // Only real CPU tensors reach here: their sizes are concrete (the selector
@@ -153,7 +152,6 @@ double cost(const Problem& problem, const Geometry& g) {
   return kOverheadSeconds +
          std::max(g.data_bytes(problem.input.element_size()) / bytes_per_second(), g.macs() / macs_per_second);
 }
-
 
 // Channels in lanes when both tensors have channel stride 1, unless the last
 // spatial axis is unit-stride too (C == 1, or a single pixel per row). Also

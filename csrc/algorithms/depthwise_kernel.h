@@ -81,7 +81,6 @@ bool amx_tiles_granted();
 #ifdef CPU_CAPABILITY
 
 #include "line_aligned_buffer.h"
-#include "tap_gemm.h"
 
 #include <ATen/cpu/vec/vec.h>
 #if defined(CPU_CAPABILITY_AVX512)
@@ -802,7 +801,6 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
                     int64_t channel_end, void* result) {
   dispatch<ChannelsFirst>(args, sample_begin, sample_end, channel_begin, channel_end, result);
 }
-
 
 #if defined(CPU_CAPABILITY_AVX512) && defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
 // ---------------------------------------------------------------------------
