@@ -1,9 +1,10 @@
 // bf16 depthwise 2-D layers with stride 1 on AMX tiles: depthwise_kernel.h's
-// amx_bf16, one tile product per pair of input rows and chunk of a row. The
-// depthwise kernel's FMA tiles run at the FMA ports' rate, which bounds a 7x7
-// layer (ConvNeXt: 49 multiply-adds per element read), so its bf16 form gains
-// from the tiles' rate even though a product uses only 2 x 7 x 7 of its 16 x
-// 16 sums. ATen takes inputs with an infinity or NaN.
+// amx_bf16, one tile product per pair of output rows and chunk of 32
+// positions along the padded input row. The depthwise kernel's FMA tiles run
+// at the FMA ports' rate, which bounds a 7x7 layer (ConvNeXt: 49
+// multiply-adds per element read), so its bf16 form gains from the tiles'
+// rate even though a product uses only 2 x 7 x 7 of its 16 x 16 sums. ATen
+// takes inputs with an infinity or NaN.
 #include "depthwise.h"
 
 #if defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
@@ -29,11 +30,11 @@ bool depthwise_kernel::amx_tiles_granted() {
 
 namespace {
 
-// Chunks of a row the kernel multiplies: one tile product each per pair of
-// input rows.
+// Chunks of the padded input row the kernel multiplies: one tile product
+// each per pair of output rows.
 int64_t products_of(const Geometry& g) {
-  const int64_t chunks = ceil_div(g.out[2], 32);
-  return g.batch * g.in_channels * g.out[0] * ceil_div(g.in[1], 2) * chunks;
+  const int64_t chunks = ceil_div(g.in[2] + g.pad_begin[2], 32);
+  return g.batch * g.in_channels * g.out[0] * ceil_div(g.out[1], 2) * chunks;
 }
 
 // Whether both tensors have unit-stride rows, read in place as planes
@@ -52,9 +53,10 @@ bool supports(const Problem& problem) {
   // The first axis (3-D layers only) runs plane by plane: kernel 1, stride 1.
   if (g.kernel[0] != 1 || g.stride[0] != 1 || g.pad_begin[0] != 0) return false;
   if (g.stride[1] != 1 || g.stride[2] != 1 || g.dilation[1] != 1 || g.pad_begin[1] < 0) return false;
-  // A's 16 rows hold 8 taps along the row for two input rows; B's 16
-  // columns the kernel's rows plus one.
-  if (g.kernel[2] > 8 || g.kernel[1] > 15) return false;
+  // B's 16 columns hold 8 taps along the row for two output rows, each B
+  // row built from a window of 32 positions; A's 16 rows the kernel's rows
+  // plus one.
+  if (g.kernel[2] > 8 || (g.kernel[2] - 1) * g.dilation[2] > 30 || g.kernel[1] > 15) return false;
   return channels_first(g) || (g.input_strides[1] == 1 && g.grad_output_strides[1] == 1);
 #else
   (void)problem;
@@ -64,11 +66,13 @@ bool supports(const Problem& problem) {
 
 // Measured on an Intel Xeon (Sapphire Rapids, 2 cores), 2 threads, bf16,
 // 2026-11-24: ConvNeXt's 7x7 layers (N=8, 96 channels at 56x56 to 768 at
-// 7x7, channels-first) fit about 20 ns a product and 55 ns a plane (D's copy,
-// the loop's ends); channels-last data adds its transposition, about 15 GB/s.
-// The depthwise kernel ran the 3x3 layers and the smallest 7x7 maps faster.
-constexpr double kSecondsPerProduct = 20e-9;
-constexpr double kSecondsPerPlane = 55e-9;
+// 7x7, channels-first) fit about 14 ns a product and 75 ns a plane (the
+// input's copy, the loop's ends); channels-last data adds its transposition,
+// about 15 GB/s of padded planes. The depthwise kernel ran the 3x3 layers,
+// the 7x7 maps of 7x7 and 14x14 channels-last faster, and 56x56
+// channels-last as fast.
+constexpr double kSecondsPerProduct = 14e-9;
+constexpr double kSecondsPerPlane = 75e-9;
 constexpr double kTransposedBytesPerSecond = 15e9;
 constexpr double kBytesPerSecond = 21e9;
 constexpr double kOverheadSeconds = 15e-6;
@@ -77,8 +81,14 @@ double cost(const Problem& problem, const Geometry& g) {
   const double bytes = g.data_bytes(problem.input.element_size());
   const double planes = static_cast<double>(g.batch * g.in_channels * g.out[0]);
   const double compute = static_cast<double>(products_of(g)) * kSecondsPerProduct + planes * kSecondsPerPlane;
+  // Channels-last planes are transposed into the input's padded layout (its
+  // rows the products reach, each a whole number of chunks) and the output
+  // gradient's.
+  const double padded_input = static_cast<double>(2 * ceil_div(g.out[1], 2) + g.kernel[1]) * 32 *
+                              static_cast<double>(ceil_div(g.in[2] + g.pad_begin[2], 32));
+  const double transposed = planes * (padded_input + static_cast<double>(g.out[1] * g.out[2])) * 2;
   return kOverheadSeconds + std::max(bytes / kBytesPerSecond, compute) +
-         (channels_first(g) ? 0.0 : bytes / kTransposedBytesPerSecond);
+         (channels_first(g) ? 0.0 : transposed / kTransposedBytesPerSecond);
 }
 
 at::Tensor run(const Problem& problem) {
@@ -94,10 +104,8 @@ at::Tensor run(const Problem& problem) {
   // The tiles multiply the input's rows by zeros of the output gradient
   // outside its plane, which an infinity or NaN in the input turns into NaN
   // in taps that never read it: then (seen as a non-finite sum) ATen
-  // recomputes the call. An infinity or NaN in the output gradient, as in
-  // the depthwise kernel, turns into NaN in the taps whose windows reach the
-  // padding along the row (which the reference multiplies too), though not
-  // the padding above and below the plane.
+  // recomputes the call. An infinity or NaN in the output gradient meets the
+  // input's zero padding, on every side, as in the reference.
   if (non_finite && !at::isfinite(problem.input).all().item<bool>()) return kAtenAlgorithm.run(problem);
   return result;
 #else

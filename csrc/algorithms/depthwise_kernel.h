@@ -64,9 +64,9 @@ TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 // (GCC 11 and Clang 12 have the tile intrinsics; Linux grants the tile state).
 #if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
 #define TORCH_CONVGRAD_DEPTHWISE_AMX 1
-// bf16 depthwise 2-D layers with stride 1, row dilation 1, at most 8 taps
-// along the row and 15 along the column, on AMX tiles (amx_depthwise.cpp
-// checks). Writes the result as channels_last and channels_first do. Only
+// bf16 depthwise 2-D layers with stride 1, no dilation between rows, at
+// most 8 taps along the row spanning at most 31 positions and 15 rows of
+// taps, on AMX tiles (amx_depthwise.cpp checks). Writes the result as channels_last and channels_first do. Only
 // where the CPU has AMX-BF16 and amx_tiles_granted().
 namespace AVX512 {
 void amx_bf16(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin, int64_t channel_end,
@@ -805,23 +805,25 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
 #if defined(CPU_CAPABILITY_AVX512) && defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
 // ---------------------------------------------------------------------------
 // amx_bf16: one plane (sample, channel) at a time on AMX tiles, for bf16
-// depthwise 2-D layers with stride 1. The FMA tiles above stop at the FMA
-// ports' rate; a tile product multiplies 16 x 16 x 32 at once. Per pair of
-// input rows (r, r + 1) and chunk of at most 32 output positions along the
-// row:
+// depthwise 2-D layers with stride 1 and row dilation 1. The FMA tiles above
+// stop at the FMA ports' rate; a tile product multiplies 16 x 16 x 32 at once.
+// Per pair of output rows (o, o + 1) and chunk of 32 positions c along the
+// padded input row (positions c = iw + pad_w):
 //
-//   A[a * 8 + kw][k] = input[r + a][ow0 + k + kw * d - pad]   (16 x chunk)
-//   B[k][n]          = grad_output[r + pad - (KH - 1) + n][ow0 + k]
-//   C[a * 8 + kw][n] += sum_k A[..][k] * B[k][n],   tap kh = KH - 1 + a - n
+//   A[m][k]         = input[o + m - pad_h][c0 + k - pad_w]                 (KH + 1 rows)
+//   B[k][b * 8 + n] = grad_output[o + b][c0 + k - (KW - 1 - n) * dilation_w]
+//   C[m][b * 8 + n] += sum_k A[m][k] * B[k][b * 8 + n],  tap (m - b, KW - 1 - n)
 //
-// so C's rows are taps along the row for both input rows and its columns the
-// output rows that meet them; the tap each (row, column) sums is the same
-// for every r, and C stays in its tile across the plane. A is copied from the
-// input with masked loads (zero where the window reaches padding or past the
-// chunk). B is a window of 16 columns into D, grad_output's plane transposed
-// into VNNI pairs once per plane: D[k / 2][KH - 1 + oh] holds the pair
-// (grad_output[oh][ow0 + k], [.. + k + 1]), zero outside the plane. Of C's
-// 16 x 16 sums a 7 x 7 kernel uses 2 x 7 x 7; the rest are never read.
+// so the tap each C element sums is the same for every product, and C stays
+// in its tile across the plane. A's rows are rows of the input plane, copied
+// (channels-last: transposed) once per plane onto cache lines with zeros
+// around them (the padding), and loaded in place: a tile load of rows that straddle lines ran 5x slower.
+// B (16 rows of pairs along k, VNNI) is built per product: a window of each
+// of the two grad_output rows (zero outside the plane) in two registers, and
+// per B row one permutation of the pair into the 8 taps' neighbouring
+// positions. It is built while the product before it runs: a tile load right
+// after the stores that wrote its data stalled. Of C's 16 x 16 sums a 7 x 7
+// kernel uses 2 x 7 x 7 (8 rows of 16).
 // ---------------------------------------------------------------------------
 
 #define TORCH_CONVGRAD_AMX_TARGET \
@@ -835,47 +837,58 @@ struct alignas(64) TileConfig {
   uint8_t reserved_end[16];
 };
 
-constexpr int64_t kAmxChunk = 32;        // positions along the row a product sums (bf16 per 64-byte row)
-constexpr int64_t kAmxRowTaps = 8;       // A's rows per input row
+constexpr int64_t kAmxChunk = 32;          // positions along the row a product sums (bf16 per 64-byte row)
+constexpr int64_t kAmxRowTaps = 8;         // B's columns per output row
 constexpr int64_t kAmxSums = 4 * 16 * 16;  // four C tiles of float32
+constexpr int64_t kAmxRing = 4;            // B buffers, built ahead of their products
 
 struct AmxPlan {
   int64_t H, W, OH, OW, KH, KW, pad_h, pad_w, dilation_w;
-  int64_t chunk, chunks;   // positions a product sums (even), and chunks a row
-  int64_t d_width;         // D's row pitch, in pairs
-  std::vector<uint32_t> masks;  // [chunk][kw < 8]: A's lanes inside the input and the chunk (none past KW)
+  int64_t chunks;         // of kAmxChunk positions along the padded row
+  int64_t x_rows;         // the padded input plane: rows o .. o + KH for every pair o
+  int64_t group;          // B rows built from one window of 32 positions
+  std::vector<uint32_t> window_masks;  // [chunk][group of B rows]: the window's positions inside the plane
+  std::vector<uint16_t> b_index;       // [B row][32]: the permutation of (row o window, row o + 1 window)
 };
 
 inline AmxPlan amx_plan(const Args& args) {
   AmxPlan plan{args.in[1], args.in[2], args.out[1], args.out[2], args.kernel[1], args.kernel[2],
-               args.pad_begin[1], args.pad_begin[2], args.dilation[2], 0, 0, 0, {}};
-  const int64_t chunks = (plan.OW + kAmxChunk - 1) / kAmxChunk;
-  plan.chunk = round_up((plan.OW + chunks - 1) / chunks, 2);
-  plan.chunks = (plan.OW + plan.chunk - 1) / plan.chunk;
-  // B's window for the last row pair ends at column H + pad_h + 14; the
-  // transposes write whole blocks of 16 output rows from column KH - 1.
-  plan.d_width = round_up(std::max(plan.H + plan.pad_h + 15, plan.KH - 1 + round_up(plan.OH, 16)), 16);
-  plan.masks.assign(plan.chunks * kAmxRowTaps, 0);
+               args.pad_begin[1], args.pad_begin[2], args.dilation[2], 0, 0, 0, {}, {}};
+  const int64_t reach = (plan.KW - 1) * plan.dilation_w;  // at most 30 (amx_depthwise.cpp checks)
+  plan.chunks = (plan.W + plan.pad_w + kAmxChunk - 1) / kAmxChunk;
+  plan.x_rows = round_up(plan.OH, 2) + plan.KH;
+  // A window of 32 serves B rows j0 .. j0 + group - 1: it must hold
+  // positions 2 * (group - 1) + reach + 1 on from its first.
+  const int64_t most = std::min<int64_t>(16, (kAmxChunk - 2 - reach) / 2 + 1), groups = (16 + most - 1) / most;
+  plan.group = (16 + groups - 1) / groups;
+  plan.window_masks.resize(plan.chunks * groups);
   for (int64_t chunk = 0; chunk < plan.chunks; ++chunk)
-    for (int64_t kw = 0; kw < plan.KW; ++kw) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t first = chunk * kAmxChunk + 2 * g * plan.group - reach;
       uint32_t mask = 0;
-      for (int64_t k = 0; k < plan.chunk; ++k) {
-        const int64_t ow = chunk * plan.chunk + k, iw = ow + kw * plan.dilation_w - plan.pad_w;
-        if (ow < plan.OW && iw >= 0 && iw < plan.W) mask |= uint32_t{1} << k;
-      }
-      plan.masks[chunk * kAmxRowTaps + kw] = mask;
+      for (int64_t lane = 0; lane < 32; ++lane)
+        if (first + lane >= 0 && first + lane < plan.OW) mask |= uint32_t{1} << lane;
+      plan.window_masks[chunk * groups + g] = mask;
     }
+  plan.b_index.resize(16 * 32);
+  for (int64_t j = 0; j < 16; ++j)
+    for (int64_t n = 0; n < kAmxRowTaps; ++n)
+      for (int64_t e = 0; e < 2; ++e) {
+        // Columns past KW are never read; they repeat the last tap's.
+        const auto at = static_cast<uint16_t>(2 * (j % plan.group) + std::min(n, plan.KW - 1) * plan.dilation_w + e);
+        plan.b_index[j * 32 + 2 * n + e] = at;
+        plan.b_index[j * 32 + 16 + 2 * n + e] = static_cast<uint16_t>(32 + at);
+      }
   return plan;
 }
 
-// Per-thread buffers: D for each chunk (16 rows of d_width pairs, zero where
-// never written), A twice (consecutive products alternate), a block of rows
-// for the transposes.
+// Per-thread buffers, zero where never written: the padded input plane, B's
+// ring, a block of rows for the transposes.
 struct AmxBuffers {
   explicit AmxBuffers(const AmxPlan& plan)
-      : d(plan.chunks * 16 * plan.d_width), a(2 * 16 * kAmxChunk), rows(3 * 16 * 16) {}
-  LineAlignedBuffer<uint32_t> d;
-  LineAlignedBuffer<uint16_t> a;
+      : x(plan.x_rows * plan.chunks * kAmxChunk), b(kAmxRing * 16 * 16), rows(3 * 16 * 16) {}
+  LineAlignedBuffer<uint16_t> x;
+  LineAlignedBuffer<uint32_t> b;
   LineAlignedBuffer<uint32_t> rows;
 };
 
@@ -923,80 +936,89 @@ TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source,
   }
 }
 
-// Adds one plane's products to the sums in tiles 0-3.
-TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint16_t* x, int64_t x_row,
-                                                const uint16_t* dy, int64_t dy_row, AmxBuffers& buffers) {
+// Copies a plane of the input, pad_h rows down and pad_w in (a negative
+// pad_w crops), into `padded` (plan.x_rows rows of chunks * kAmxChunk, on
+// cache lines), where the zeros around it were never written.
+TORCH_CONVGRAD_AMX_TARGET inline void amx_pad_plane(const AmxPlan& plan, const uint16_t* x, int64_t x_row,
+                                                    uint16_t* padded) {
+  const int64_t x_pitch = plan.chunks * kAmxChunk;
+  const int64_t w_begin = std::max<int64_t>(0, -plan.pad_w), w_end = std::min(plan.W, x_pitch - plan.pad_w);
+  for (int64_t h = 0; h < std::min(plan.H, plan.x_rows - plan.pad_h); ++h)
+    for (int64_t w0 = w_begin; w0 < w_end; w0 += 32) {
+      const int64_t left = w_end - w0;
+      const __mmask32 mask = left >= 32 ? ~__mmask32{0} : (__mmask32{1} << left) - 1;
+      _mm512_mask_storeu_epi16(padded + (h + plan.pad_h) * x_pitch + plan.pad_w + w0, mask,
+                               _mm512_maskz_loadu_epi16(mask, x + h * x_row + w0));
+    }
+}
+
+// Adds one plane's products to the sums in tiles 0-3; `padded` is the input
+// plane as amx_pad_plane writes it.
+TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint16_t* padded, const uint16_t* dy,
+                                                int64_t dy_row, AmxBuffers& buffers) {
   // Locals: the compiler cannot keep plan's fields in registers across the
   // vector stores, which may alias anything.
-  const int64_t H = plan.H, OH = plan.OH, OW = plan.OW, KW = plan.KW, pad_h = plan.pad_h;
-  const int64_t chunk_size = plan.chunk, chunks = plan.chunks, pitch = plan.d_width;
-  const int64_t x_first = -plan.pad_w, x_step = plan.dilation_w;
-  const uint32_t* masks = plan.masks.data();
-  uint32_t* d = buffers.d.data();
-  uint16_t* a_buffers = buffers.a.data();
-  uint32_t* rows = buffers.rows.data();
-  // D, chunk by chunk, 16 output rows at a time: rows of 16 pairs transposed.
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    const int64_t ow0 = chunk * chunk_size, count = std::min(chunk_size, OW - ow0);
-    const __mmask32 valid = count >= 32 ? ~__mmask32{0} : (__mmask32{1} << count) - 1;
-    for (int64_t oh0 = 0; oh0 < OH; oh0 += 16) {
-      for (int64_t i = 0; i < 16; ++i) {
-        const int64_t oh = oh0 + i;
-        const __m512i pairs = oh < OH ? _mm512_maskz_loadu_epi16(valid, dy + oh * dy_row + ow0) : _mm512_setzero_si512();
-        _mm512_store_si512(rows + i * 16, pairs);
-      }
-      transpose_square<float, 16>(reinterpret_cast<const float*>(rows), 16,
-                                  reinterpret_cast<float*>(d + chunk * 16 * pitch + plan.KH - 1 + oh0), pitch);
+  const int64_t OH = plan.OH, chunks = plan.chunks;
+  const int64_t x_pitch = chunks * kAmxChunk, group = plan.group, reach = (plan.KW - 1) * plan.dilation_w;
+  uint32_t* ring = buffers.b.data();
+  const uint32_t* window_masks = plan.window_masks.data();
+  const uint16_t* b_index = plan.b_index.data();
+  // B for output rows o, o + 1 and a chunk into the ring.
+  const int64_t groups = 16 / plan.group;
+  const auto build_b = [&](int64_t p, int64_t o, int64_t chunk) {
+    const uint16_t* first = dy + o * dy_row;
+    const bool second = o + 1 < OH;
+    uint32_t* b = ring + (p % kAmxRing) * 256;
+    const auto window = [&](int64_t g, int64_t rows) {
+      const int64_t start = chunk * kAmxChunk + 2 * g * rows - reach;
+      const __mmask32 mask = window_masks[chunk * groups + g];
+      const __m512i low = _mm512_maskz_loadu_epi16(mask, first + start);
+      const __m512i high = second ? _mm512_maskz_loadu_epi16(mask, first + dy_row + start) : _mm512_setzero_si512();
+#pragma GCC unroll 16
+      for (int64_t j = g * rows; j < (g + 1) * rows; ++j)
+        _mm512_store_si512(b + j * 16, _mm512_permutex2var_epi16(low, _mm512_loadu_si512(b_index + j * 32), high));
+    };
+    if (group == 8) {
+      window(0, 8);
+      window(1, 8);
+    } else {
+      for (int64_t g = 0; g < groups; ++g) window(g, group);
     }
-  }
-  int64_t product = 0;
-  for (int64_t r = 0; r < H; r += 2) {
-    // Output rows r + pad_h - KH + 1 .. r + pad_h + 1 meet this pair.
-    if (r + pad_h - plan.KH + 1 >= OH) break;
-    const uint16_t* first_row = x + r * x_row + x_first;
-    const bool second = r + 1 < H;
-    for (int64_t chunk = 0; chunk < chunks; ++chunk, ++product) {
-      const int64_t ow0 = chunk * chunk_size;
-      const uint32_t* chunk_masks = masks + chunk * kAmxRowTaps;
-      uint16_t* a = a_buffers + (product & 1) * 16 * kAmxChunk;
-      // A's rows past KW stay as the buffer began: zero.
-#pragma GCC unroll 8
-      for (int64_t kw = 0; kw < kAmxRowTaps; ++kw)
-        if (kw < KW)
-          _mm512_store_si512(a + kw * kAmxChunk,
-                             _mm512_maskz_loadu_epi16(chunk_masks[kw], first_row + ow0 + kw * x_step));
-#pragma GCC unroll 8
-      for (int64_t kw = 0; kw < kAmxRowTaps; ++kw)
-        if (kw < KW)
-          _mm512_store_si512(a + (kAmxRowTaps + kw) * kAmxChunk,
-                             second ? _mm512_maskz_loadu_epi16(chunk_masks[kw], first_row + x_row + ow0 + kw * x_step)
-                                    : _mm512_setzero_si512());
-      const uint32_t* b = d + chunk * 16 * pitch + r + pad_h;
-      // Tile numbers are immediates. Four sums (tiles 0-3) take turns, so
-      // that a product need not wait for the one before; alternate products
-      // load A and B into tiles 4, 5 and 6, 7.
-      switch (product & 3) {
-        case 0:
-          _tile_loadd(4, a, 2 * kAmxChunk);
-          _tile_loadd(5, b, 4 * pitch);
-          _tile_dpbf16ps(0, 4, 5);
-          break;
-        case 1:
-          _tile_loadd(6, a, 2 * kAmxChunk);
-          _tile_loadd(7, b, 4 * pitch);
-          _tile_dpbf16ps(1, 6, 7);
-          break;
-        case 2:
-          _tile_loadd(4, a, 2 * kAmxChunk);
-          _tile_loadd(5, b, 4 * pitch);
-          _tile_dpbf16ps(2, 4, 5);
-          break;
-        default:
-          _tile_loadd(6, a, 2 * kAmxChunk);
-          _tile_loadd(7, b, 4 * pitch);
-          _tile_dpbf16ps(3, 6, 7);
-      }
+  };
+  const int64_t products = (OH + 1) / 2 * chunks;
+  build_b(0, 0, 0);
+  // Product p reads output rows o, o + 1 and chunk `chunk`; the next one's B is built first.
+  for (int64_t p = 0, o = 0, chunk = 0; p < products; ++p) {
+    const int64_t next_chunk = chunk + 1 == chunks ? 0 : chunk + 1, next_o = next_chunk == 0 ? o + 2 : o;
+    if (p + 1 < products) build_b(p + 1, next_o, next_chunk);
+    const uint16_t* a = padded + o * x_pitch + chunk * kAmxChunk;
+    const uint32_t* b = ring + (p % kAmxRing) * 256;
+    // Tile numbers are immediates. Four sums (tiles 0-3) take turns, so
+    // that a product need not wait for the one before; alternate products
+    // load A and B into tiles 4, 5 and 6, 7.
+    switch (p & 3) {
+      case 0:
+        _tile_loadd(4, a, 2 * x_pitch);
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        break;
+      case 1:
+        _tile_loadd(6, a, 2 * x_pitch);
+        _tile_loadd(7, b, 64);
+        _tile_dpbf16ps(1, 6, 7);
+        break;
+      case 2:
+        _tile_loadd(4, a, 2 * x_pitch);
+        _tile_loadd(5, b, 64);
+        _tile_dpbf16ps(2, 4, 5);
+        break;
+      default:
+        _tile_loadd(6, a, 2 * x_pitch);
+        _tile_loadd(7, b, 64);
+        _tile_dpbf16ps(3, 6, 7);
     }
+    chunk = next_chunk;
+    o = next_o;
   }
 }
 
@@ -1008,15 +1030,10 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
   std::vector<float> sums(channels * kAmxSums, 0.0f);
   TileConfig config{};
   config.palette = 1;
-  for (int tile = 0; tile < 4; ++tile) {  // C
-    config.rows[tile] = 16;
+  for (int tile = 0; tile < 8; ++tile) {
+    // C and A: a row per tap row and one more; B: a row per pair of positions.
+    config.rows[tile] = static_cast<uint8_t>(tile < 4 || tile % 2 == 0 ? plan.KH + 1 : kAmxChunk / 2);
     config.bytes_per_row[tile] = 64;
-  }
-  for (int tile = 4; tile < 8; tile += 2) {
-    config.rows[tile] = 16;  // A
-    config.bytes_per_row[tile] = static_cast<uint16_t>(2 * plan.chunk);
-    config.rows[tile + 1] = static_cast<uint8_t>(plan.chunk / 2);  // B
-    config.bytes_per_row[tile + 1] = 64;
   }
   _tile_loadconfig(&config);
 
@@ -1025,8 +1042,7 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
   const auto* input = static_cast<const uint16_t*>(args.input);
   const auto* grad_output = static_cast<const uint16_t*>(args.grad_output);
   const bool channels_first = xs[4] == 1 && dys[4] == 1;
-  const int64_t x_plane = plan.H * plan.W, dy_plane = plan.OH * plan.OW;
-  std::vector<uint16_t> x_planes, dy_planes;
+  const int64_t dy_plane = plan.OH * plan.OW;
   // The sums of a channel live in tiles 0-3 across its planes.
   const auto load_sums = [&](const float* tiles) {
     _tile_loadd(0, tiles, 64);
@@ -1051,28 +1067,35 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
       float* channel_sums = sums.data() + c * kAmxSums;
       load_sums(channel_sums);
       for (int64_t n = sample_begin; n < sample_end; ++n)
-        for (int64_t z = 0; z < args.out[0]; ++z)
-          amx_plane(plan, x_plane_at(n, c, z), xs[3], dy_plane_at(n, c, z), dys[3], buffers);
+        for (int64_t z = 0; z < args.out[0]; ++z) {
+          amx_pad_plane(plan, x_plane_at(n, c, z), xs[3], buffers.x.data());
+          amx_plane(plan, buffers.x.data(), dy_plane_at(n, c, z), dys[3], buffers);
+        }
       store_sums(channel_sums);
     }
   } else {
     // Channels-last data: a batch of samples' planes of the task's channels
-    // transposed at once, into about 1 MB (L2), then a channel's planes one
-    // after another.
-    const int64_t batch = std::max<int64_t>(1, (int64_t{1} << 19) / (channels * (x_plane + dy_plane)));
+    // transposed at once, into about 1 MB (L2), the input's straight into
+    // its padded layout, then a channel's planes one after another.
+    const int64_t x_padded = plan.x_rows * plan.chunks * kAmxChunk;
+    const int64_t batch = std::max<int64_t>(1, (int64_t{1} << 19) / (channels * (x_padded + dy_plane)));
+    LineAlignedBuffer<uint16_t> x_planes(batch * args.out[0] * channels * x_padded);
+    std::vector<uint16_t> dy_planes(batch * args.out[0] * channels * dy_plane);
     // Rows one at a time unless they follow on from each other.
-    const bool x_flat = xs[3] == plan.W * xs[4], dy_flat = dys[3] == plan.OW * dys[4];
+    const bool dy_flat = dys[3] == plan.OW * dys[4];
+    const int64_t w_begin = std::max<int64_t>(0, -plan.pad_w);
+    const int64_t w_end = std::min(plan.W, plan.chunks * kAmxChunk - plan.pad_w);
     for (int64_t n0 = sample_begin; n0 < sample_end; n0 += batch) {
       const int64_t n1 = std::min(sample_end, n0 + batch), slices = (n1 - n0) * args.out[0];
-      x_planes.resize(slices * channels * x_plane);
-      dy_planes.resize(slices * channels * dy_plane);
       // planes[slice][channel][position]
       for (int64_t n = n0; n < n1; ++n)
         for (int64_t z = 0; z < args.out[0]; ++z) {
           const int64_t slice = (n - n0) * args.out[0] + z;
-          for (int64_t h = 0; h < (x_flat ? 1 : plan.H); ++h)
-            transpose_channels(x_plane_at(n, 0, z) + h * xs[3], xs[4], x_flat ? x_plane : plan.W, channels,
-                               x_planes.data() + slice * channels * x_plane + h * plan.W, x_plane, buffers.rows.data());
+          for (int64_t h = 0; h < std::min(plan.H, plan.x_rows - plan.pad_h); ++h)
+            transpose_channels(x_plane_at(n, 0, z) + h * xs[3] + w_begin * xs[4], xs[4], w_end - w_begin, channels,
+                               x_planes.data() + slice * channels * x_padded +
+                                   (h + plan.pad_h) * plan.chunks * kAmxChunk + plan.pad_w + w_begin,
+                               x_padded, buffers.rows.data());
           for (int64_t oh = 0; oh < (dy_flat ? 1 : plan.OH); ++oh)
             transpose_channels(dy_plane_at(n, 0, z) + oh * dys[3], dys[4], dy_flat ? dy_plane : plan.OW, channels,
                                dy_planes.data() + slice * channels * dy_plane + oh * plan.OW, dy_plane,
@@ -1082,8 +1105,7 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
         load_sums(sums.data() + c * kAmxSums);
         for (int64_t slice = 0; slice < slices; ++slice) {
           const int64_t plane = slice * channels + c;
-          amx_plane(plan, x_planes.data() + plane * x_plane, plan.W, dy_planes.data() + plane * dy_plane, plan.OW,
-                    buffers);
+          amx_plane(plan, x_planes.data() + plane * x_padded, dy_planes.data() + plane * dy_plane, plan.OW, buffers);
         }
         store_sums(sums.data() + c * kAmxSums);
       }
@@ -1097,8 +1119,8 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
       for (int64_t kw = 0; kw < plan.KW; ++kw) {
         float sum = 0;
         for (int64_t tile = 0; tile < 4; ++tile)
-          sum += tiles[tile * 256 + kw * 16 + plan.KH - 1 - kh] +
-                 tiles[tile * 256 + (kAmxRowTaps + kw) * 16 + plan.KH - kh];
+          sum += tiles[tile * 256 + kh * 16 + plan.KW - 1 - kw] +
+                 tiles[tile * 256 + (kh + 1) * 16 + kAmxRowTaps + plan.KW - 1 - kw];
         result[(c * plan.KH + kh) * plan.KW + kw] = sum;
         finite &= std::isfinite(sum);
       }
