@@ -66,14 +66,15 @@ bool supports(const Problem& problem) {
 
 // Measured on an Intel Xeon (Sapphire Rapids, 2 cores), 2 threads, bf16,
 // 2026-11-24: ConvNeXt's 7x7 layers (N=8, 96 channels at 56x56 to 768 at
-// 7x7, channels-first) fit about 14 ns a product and 75 ns a plane (the
+// 7x7, channels-first) fit about 14 ns a product and 25 ns a plane (the
 // input's copy, the loop's ends); channels-last data adds its transposition,
-// about 15 GB/s of padded planes. The depthwise kernel ran the 3x3 layers,
-// the 7x7 maps of 7x7 and 14x14 channels-last faster, and 56x56
-// channels-last as fast.
+// 12 to 60 GB/s of padded planes, 25 typical, and 35 ns a plane (the 7x7
+// maps'). The depthwise kernel ran the 3x3 layers and the 7x7 maps of 7x7
+// channels-last faster.
 constexpr double kSecondsPerProduct = 14e-9;
-constexpr double kSecondsPerPlane = 75e-9;
-constexpr double kTransposedBytesPerSecond = 15e9;
+constexpr double kSecondsPerPlane = 25e-9;
+constexpr double kTransposedBytesPerSecond = 25e9;
+constexpr double kTransposedSecondsPerPlane = 35e-9;
 constexpr double kBytesPerSecond = 21e9;
 constexpr double kOverheadSeconds = 15e-6;
 
@@ -88,7 +89,7 @@ double cost(const Problem& problem, const Geometry& g) {
                               static_cast<double>(ceil_div(g.in[2] + g.pad_begin[2], 32));
   const double transposed = planes * (padded_input + static_cast<double>(g.out[1] * g.out[2])) * 2;
   return kOverheadSeconds + std::max(bytes / kBytesPerSecond, compute) +
-         (channels_first(g) ? 0.0 : transposed / kTransposedBytesPerSecond);
+         (channels_first(g) ? 0.0 : transposed / kTransposedBytesPerSecond + planes * kTransposedSecondsPerPlane);
 }
 
 at::Tensor run(const Problem& problem) {
@@ -97,10 +98,11 @@ at::Tensor run(const Problem& problem) {
   std::atomic<bool> non_finite{false};
   depthwise_kernel::Args args = depthwise_args(problem, geometry);
   args.non_finite = &non_finite;
-  // Channels-last data is transposed into planes a block of channels (a
-  // cache line of bf16) at a time.
-  at::Tensor result = run_depthwise_tasks(problem, geometry, args, depthwise_kernel::AVX512::amx_bf16,
-                                          channels_first(geometry) ? 0 : 32, 1);
+  // Tasks split samples, then channels; channels-last tasks take whole
+  // blocks of 32 (a cache line of bf16), which the kernel transposes
+  // together, so that memory is read a pixel at a time.
+  at::Tensor result = run_depthwise_tasks(problem, geometry, args, depthwise_kernel::AVX512::amx_bf16, 0,
+                                          channels_first(geometry) ? 1 : 32);
   // The tiles multiply the input's rows by zeros of the output gradient
   // outside its plane, which an infinity or NaN in the input turns into NaN
   // in taps that never read it: then (seen as a non-finite sum) ATen

@@ -91,6 +91,7 @@ bool amx_tiles_granted();
 
 #include <algorithm>
 #include <cstdint>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -839,7 +840,7 @@ struct alignas(64) TileConfig {
 
 constexpr int64_t kAmxChunk = 32;          // positions along the row a product sums (bf16 per 64-byte row)
 constexpr int64_t kAmxRowTaps = 8;         // B's columns per output row
-constexpr int64_t kAmxSums = 4 * 16 * 16;  // four C tiles of float32
+constexpr int64_t kAmxSums = 2 * 16 * 16;  // a channel's two C tiles of float32
 constexpr int64_t kAmxRing = 4;            // B buffers, built ahead of their products
 
 struct AmxPlan {
@@ -952,10 +953,12 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_pad_plane(const AmxPlan& plan, const u
     }
 }
 
-// Adds one plane's products to the sums in tiles 0-3; `padded` is the input
-// plane as amx_pad_plane writes it.
+// Adds one plane's products to the sums in C tiles 2 * set and 2 * set + 1;
+// `padded` is the input plane as amx_pad_plane writes it. Calls between(p,
+// products) after product p.
+template <typename Between>
 TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint16_t* padded, const uint16_t* dy,
-                                                int64_t dy_row, AmxBuffers& buffers) {
+                                                int64_t dy_row, int set, AmxBuffers& buffers, Between&& between) {
   // Locals: the compiler cannot keep plan's fields in registers across the
   // vector stores, which may alias anything.
   const int64_t OH = plan.OH, chunks = plan.chunks;
@@ -993,10 +996,10 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint1
     if (p + 1 < products) build_b(p + 1, next_o, next_chunk);
     const uint16_t* a = padded + o * x_pitch + chunk * kAmxChunk;
     const uint32_t* b = ring + (p % kAmxRing) * 256;
-    // Tile numbers are immediates. Four sums (tiles 0-3) take turns, so
-    // that a product need not wait for the one before; alternate products
-    // load A and B into tiles 4, 5 and 6, 7.
-    switch (p & 3) {
+    // Tile numbers are immediates. The set's two sums take turns, so that a
+    // product need not wait for the one before; alternate products load A
+    // and B into tiles 4, 5 and 6, 7.
+    switch (set * 2 + (p & 1)) {
       case 0:
         _tile_loadd(4, a, 2 * x_pitch);
         _tile_loadd(5, b, 64);
@@ -1017,6 +1020,7 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint1
         _tile_loadd(7, b, 64);
         _tile_dpbf16ps(3, 6, 7);
     }
+    between(p, products);
     chunk = next_chunk;
     o = next_o;
   }
@@ -1043,18 +1047,44 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
   const auto* grad_output = static_cast<const uint16_t*>(args.grad_output);
   const bool channels_first = xs[4] == 1 && dys[4] == 1;
   const int64_t dy_plane = plan.OH * plan.OW;
-  // The sums of a channel live in tiles 0-3 across its planes.
-  const auto load_sums = [&](const float* tiles) {
-    _tile_loadd(0, tiles, 64);
-    _tile_loadd(1, tiles + 256, 64);
-    _tile_loadd(2, tiles + 512, 64);
-    _tile_loadd(3, tiles + 768, 64);
+  // A channel's sums live in one set of two C tiles across its planes; the
+  // channels take turns between the two sets. While a channel's last plane
+  // runs, the other set's sums (the channel before) are stored and the next
+  // channel's loaded: at a switch a tile store waits for the products still
+  // summing into it, which cost 15% channels-last (a switch a plane).
+  const auto load_sums = [&](int set, const float* tiles) {
+    if (set == 0) {
+      _tile_loadd(0, tiles, 64);
+      _tile_loadd(1, tiles + 256, 64);
+    } else {
+      _tile_loadd(2, tiles, 64);
+      _tile_loadd(3, tiles + 256, 64);
+    }
   };
-  const auto store_sums = [&](float* tiles) {
-    _tile_stored(0, tiles, 64);
-    _tile_stored(1, tiles + 256, 64);
-    _tile_stored(2, tiles + 512, 64);
-    _tile_stored(3, tiles + 768, 64);
+  const auto store_sums = [&](int set, float* tiles) {
+    if (set == 0) {
+      _tile_stored(0, tiles, 64);
+      _tile_stored(1, tiles + 256, 64);
+    } else {
+      _tile_stored(2, tiles, 64);
+      _tile_stored(3, tiles + 256, 64);
+    }
+  };
+  // Visits of channels in order (each a run of its planes): `previous` and
+  // `next` are the visits' channels around this one, -1 at the ends.
+  int set = 0;
+  load_sums(set, sums.data());
+  const auto visit = [&](int64_t previous, int64_t next, int64_t planes, const auto& plane_at) {
+    for (int64_t i = 0; i < planes; ++i) {
+      const auto [padded, dy, dy_row] = plane_at(i);
+      const bool last = i + 1 == planes;
+      amx_plane(plan, padded, dy, dy_row, set, buffers, [&](int64_t p, int64_t products) {
+        if (!last || p != std::min<int64_t>(2, products - 1)) return;
+        if (previous >= 0) store_sums(1 - set, sums.data() + previous * kAmxSums);
+        if (next >= 0) load_sums(1 - set, sums.data() + next * kAmxSums);
+      });
+    }
+    set = 1 - set;
   };
   const auto x_plane_at = [&](int64_t n, int64_t c, int64_t z) {
     return input + n * xs[0] + (channel_begin + c) * xs[1] + z * xs[2];
@@ -1063,26 +1093,25 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
     return grad_output + n * dys[0] + (channel_begin + c) * dys[1] + z * dys[2];
   };
   if (channels_first) {  // a channel's planes one after another
-    for (int64_t c = 0; c < channels; ++c) {
-      float* channel_sums = sums.data() + c * kAmxSums;
-      load_sums(channel_sums);
-      for (int64_t n = sample_begin; n < sample_end; ++n)
-        for (int64_t z = 0; z < args.out[0]; ++z) {
-          amx_pad_plane(plan, x_plane_at(n, c, z), xs[3], buffers.x.data());
-          amx_plane(plan, buffers.x.data(), dy_plane_at(n, c, z), dys[3], buffers);
-        }
-      store_sums(channel_sums);
-    }
+    const int64_t depth = args.out[0], planes = (sample_end - sample_begin) * depth;
+    for (int64_t c = 0; c < channels; ++c)
+      visit(c - 1, c + 1 < channels ? c + 1 : -1, planes, [&](int64_t i) {
+        const int64_t n = sample_begin + i / depth, z = i % depth;
+        amx_pad_plane(plan, x_plane_at(n, c, z), xs[3], buffers.x.data());
+        return std::make_tuple(static_cast<const uint16_t*>(buffers.x.data()), dy_plane_at(n, c, z), dys[3]);
+      });
   } else {
     // Channels-last data: a batch of samples' planes of the task's channels
     // transposed at once, into about 1 MB (L2), the input's straight into
-    // its padded layout, then a channel's planes one after another.
+    // its padded layout, then a channel's planes one after another. The
+    // transposes take a row's pixels a block of 32 channels at a time, all
+    // blocks in turn, so that each pixel's channels are read from memory
+    // once, together (a block of a pixel is a cache line; one block per pass
+    // over the data read lines the prefetchers had fetched for nothing).
     const int64_t x_padded = plan.x_rows * plan.chunks * kAmxChunk;
     const int64_t batch = std::max<int64_t>(1, (int64_t{1} << 19) / (channels * (x_padded + dy_plane)));
     LineAlignedBuffer<uint16_t> x_planes(batch * args.out[0] * channels * x_padded);
     std::vector<uint16_t> dy_planes(batch * args.out[0] * channels * dy_plane);
-    // Rows one at a time unless they follow on from each other.
-    const bool dy_flat = dys[3] == plan.OW * dys[4];
     const int64_t w_begin = std::max<int64_t>(0, -plan.pad_w);
     const int64_t w_end = std::min(plan.W, plan.chunks * kAmxChunk - plan.pad_w);
     for (int64_t n0 = sample_begin; n0 < sample_end; n0 += batch) {
@@ -1092,25 +1121,30 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
         for (int64_t z = 0; z < args.out[0]; ++z) {
           const int64_t slice = (n - n0) * args.out[0] + z;
           for (int64_t h = 0; h < std::min(plan.H, plan.x_rows - plan.pad_h); ++h)
-            transpose_channels(x_plane_at(n, 0, z) + h * xs[3] + w_begin * xs[4], xs[4], w_end - w_begin, channels,
-                               x_planes.data() + slice * channels * x_padded +
-                                   (h + plan.pad_h) * plan.chunks * kAmxChunk + plan.pad_w + w_begin,
-                               x_padded, buffers.rows.data());
-          for (int64_t oh = 0; oh < (dy_flat ? 1 : plan.OH); ++oh)
-            transpose_channels(dy_plane_at(n, 0, z) + oh * dys[3], dys[4], dy_flat ? dy_plane : plan.OW, channels,
-                               dy_planes.data() + slice * channels * dy_plane + oh * plan.OW, dy_plane,
-                               buffers.rows.data());
+            for (int64_t c0 = 0; c0 < channels; c0 += 32)
+              transpose_channels(x_plane_at(n, c0, z) + h * xs[3] + w_begin * xs[4], xs[4], w_end - w_begin,
+                                 std::min<int64_t>(32, channels - c0),
+                                 x_planes.data() + (slice * channels + c0) * x_padded +
+                                     (h + plan.pad_h) * plan.chunks * kAmxChunk + plan.pad_w + w_begin,
+                                 x_padded, buffers.rows.data());
+          for (int64_t oh = 0; oh < plan.OH; ++oh)
+            for (int64_t c0 = 0; c0 < channels; c0 += 32)
+              transpose_channels(dy_plane_at(n, c0, z) + oh * dys[3], dys[4], plan.OW, std::min<int64_t>(32, channels - c0),
+                                 dy_planes.data() + (slice * channels + c0) * dy_plane + oh * plan.OW, dy_plane,
+                                 buffers.rows.data());
         }
       for (int64_t c = 0; c < channels; ++c) {
-        load_sums(sums.data() + c * kAmxSums);
-        for (int64_t slice = 0; slice < slices; ++slice) {
+        const bool first = n0 == sample_begin && c == 0, last = n1 == sample_end && c + 1 == channels;
+        visit(first ? -1 : (c + channels - 1) % channels, last ? -1 : (c + 1) % channels, slices, [&](int64_t slice) {
           const int64_t plane = slice * channels + c;
-          amx_plane(plan, x_planes.data() + plane * x_padded, dy_planes.data() + plane * dy_plane, plan.OW, buffers);
-        }
-        store_sums(sums.data() + c * kAmxSums);
+          return std::make_tuple(static_cast<const uint16_t*>(x_planes.data() + plane * x_padded),
+                                 static_cast<const uint16_t*>(dy_planes.data() + plane * dy_plane), plan.OW);
+        });
       }
     }
   }
+  // The last channel's sums, in the set before the last turn.
+  store_sums(1 - set, sums.data() + (channels - 1) * kAmxSums);
   _tile_release();
   bool finite = true;
   for (int64_t c = 0; c < channels; ++c) {
@@ -1118,7 +1152,7 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
     for (int64_t kh = 0; kh < plan.KH; ++kh)
       for (int64_t kw = 0; kw < plan.KW; ++kw) {
         float sum = 0;
-        for (int64_t tile = 0; tile < 4; ++tile)
+        for (int64_t tile = 0; tile < 2; ++tile)
           sum += tiles[tile * 256 + kh * 16 + plan.KW - 1 - kw] +
                  tiles[tile * 256 + (kh + 1) * 16 + kAmxRowTaps + plan.KW - 1 - kw];
         result[(c * plan.KH + kh) * plan.KW + kw] = sum;
