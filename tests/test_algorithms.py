@@ -604,6 +604,7 @@ AMX_DEPTHWISE_CASES = {
     "chunks": (2, 6, (4, 70), (2, 3), dict(pads_begin=(0, 1), pads_end=(1, 1))),
     "kernel-15x8": (2, 5, (17, 9), (15, 8), dict(pads_begin=(7, 4), pads_end=(7, 3))),
     "row-dilation": (2, 7, (6, 40), (3, 4), dict(dilations=(1, 3), pads_begin=(1, 0), pads_end=(0, 5))),
+    "row-dilation-20": (2, 4, (5, 60), (3, 5), dict(dilations=(1, 5), pads_begin=(1, 2), pads_end=(1, 2))),
     "no-padding": (2, 33, (12, 12), (5, 5), {}),
     "1-D": (3, 12, (37,), (8,), dict(dilations=2, pads_begin=3, pads_end=1)),
     "3-D-one-deep": (2, 9, (3, 6, 7), (1, 3, 3), dict(pads_begin=(0, 1, 1), pads_end=(0, 1, 1))),

@@ -847,21 +847,22 @@ struct AmxPlan {
   int64_t H, W, OH, OW, KH, KW, pad_h, pad_w, dilation_w;
   int64_t chunks;         // of kAmxChunk positions along the padded row
   int64_t x_rows;         // the padded input plane: rows o .. o + KH for every pair o
-  int64_t group;          // B rows built from one window of 32 positions
+  int64_t group, groups;  // B rows built from one window of 32 positions (the last may build fewer), windows a B
   std::vector<uint32_t> window_masks;  // [chunk][group of B rows]: the window's positions inside the plane
   std::vector<uint16_t> b_index;       // [B row][32]: the permutation of (row o window, row o + 1 window)
 };
 
 inline AmxPlan amx_plan(const Args& args) {
   AmxPlan plan{args.in[1], args.in[2], args.out[1], args.out[2], args.kernel[1], args.kernel[2],
-               args.pad_begin[1], args.pad_begin[2], args.dilation[2], 0, 0, 0, {}, {}};
+               args.pad_begin[1], args.pad_begin[2], args.dilation[2], 0, 0, 0, 0, {}, {}};
   const int64_t reach = (plan.KW - 1) * plan.dilation_w;  // at most 30 (amx_depthwise.cpp checks)
   plan.chunks = (plan.W + plan.pad_w + kAmxChunk - 1) / kAmxChunk;
   plan.x_rows = round_up(plan.OH, 2) + plan.KH;
   // A window of 32 serves B rows j0 .. j0 + group - 1: it must hold
   // positions 2 * (group - 1) + reach + 1 on from its first.
   const int64_t most = std::min<int64_t>(16, (kAmxChunk - 2 - reach) / 2 + 1), groups = (16 + most - 1) / most;
-  plan.group = (16 + groups - 1) / groups;
+  plan.groups = groups;
+  plan.group = (16 + groups - 1) / groups;  // the last window may serve fewer
   plan.window_masks.resize(plan.chunks * groups);
   for (int64_t chunk = 0; chunk < plan.chunks; ++chunk)
     for (int64_t g = 0; g < groups; ++g) {
@@ -967,25 +968,25 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint1
   const uint32_t* window_masks = plan.window_masks.data();
   const uint16_t* b_index = plan.b_index.data();
   // B for output rows o, o + 1 and a chunk into the ring.
-  const int64_t groups = 16 / plan.group;
+  const int64_t groups = plan.groups;
   const auto build_b = [&](int64_t p, int64_t o, int64_t chunk) {
     const uint16_t* first = dy + o * dy_row;
     const bool second = o + 1 < OH;
     uint32_t* b = ring + (p % kAmxRing) * 256;
     const auto window = [&](int64_t g, int64_t rows) {
-      const int64_t start = chunk * kAmxChunk + 2 * g * rows - reach;
+      const int64_t start = chunk * kAmxChunk + 2 * g * group - reach;
       const __mmask32 mask = window_masks[chunk * groups + g];
       const __m512i low = _mm512_maskz_loadu_epi16(mask, first + start);
       const __m512i high = second ? _mm512_maskz_loadu_epi16(mask, first + dy_row + start) : _mm512_setzero_si512();
 #pragma GCC unroll 16
-      for (int64_t j = g * rows; j < (g + 1) * rows; ++j)
+      for (int64_t j = g * group; j < g * group + rows; ++j)
         _mm512_store_si512(b + j * 16, _mm512_permutex2var_epi16(low, _mm512_loadu_si512(b_index + j * 32), high));
     };
     if (group == 8) {
       window(0, 8);
       window(1, 8);
     } else {
-      for (int64_t g = 0; g < groups; ++g) window(g, group);
+      for (int64_t g = 0; g < groups; ++g) window(g, std::min<int64_t>(group, 16 - g * group));
     }
   };
   const int64_t products = (OH + 1) / 2 * chunks;
