@@ -301,7 +301,8 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
 // (NXC) and 135-155 (NCX), 105-145 with strides (on 2026-11-24, 1.2-1.3 times
 // as fast, U-Net's 2x2 and DCGAN's 4x4 with stride 2 ran at 130-170, a 3x3
 // with stride 2 at 95-110 NXC and 79-95 NCX, where gemm ran 1.3 times as
-// fast); 1x1 at 120-150 (NXC) and
+// fast); 1x1 at 120-150 (NXC; with 1024 input channels at 118-120, where
+// gemm ran 1.07-1.12 times as fast, 2026-11-24) and
 // 95-130 (NCX), with strides too; 3-D at 56, and 1-D NXC at 42 where NCX ran
 // 97. Depthwise 3x3 read its data at 33-37 GB/s (NXC) and 9 (NCX), 7x7 at a
 // twentieth of that, after a setup of about 30 us more than other layers'
@@ -326,7 +327,7 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   for (int64_t axis = 0; axis < 3; ++axis) stride_divides_kernel &= g.kernel[axis] % g.stride[axis] == 0;
   double macs_per_second;
   if (g.taps() == 1)
-    macs_per_second = nxc ? 135e9 : 110e9;
+    macs_per_second = nxc ? (g.in_channels >= 512 ? 115e9 : 135e9) : 110e9;
   else if (strided)
     macs_per_second = stride_divides_kernel ? 130e9 : (nxc ? 105e9 : 85e9);
   else
