@@ -599,14 +599,15 @@ def test_amx_gathers_an_output_gradient_it_cannot_read_in_place(layout):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [4, 8, 1, 1], **attributes), torch.bfloat16)
 
 
-# amx_depthwise multiplies a pair of input rows (8 taps along the row each)
-# by a window of 16 output rows a tile product, over chunks of at most 32
-# positions. The cases cover rows past the last pair (odd heights), an odd
-# count of positions (a pair with one of them), several chunks of a row,
-# the largest kernel (15 rows, 8 taps along the row), dilation along the
-# row, asymmetric and one-sided padding, 1-D, and 3-D with a one-deep kernel
-# (planes of depth). Channels-last data is transposed 32 channels at a time:
-# 40 channels leave a partial block.
+# amx_depthwise multiplies the kernel's rows plus one of the input by 8 taps
+# along the row for a pair of output rows a tile product, over chunks of 32
+# positions of the padded row, each B row built from a window of 32. The
+# cases cover an odd count of output rows (a pair with one of them), odd
+# positions, several chunks of a row, the largest kernel (15 rows, 8 taps
+# along the row), dilation along the row (reaching 20 positions: windows
+# that do not split B's 16 rows evenly), asymmetric and one-sided padding,
+# 1-D, and 3-D with a one-deep kernel (planes of depth). Channels-last data
+# is transposed 32 channels at a time: 40 channels leave a partial block.
 AMX_DEPTHWISE_CASES = {
     # name: (n, c, size, kernel, attributes)
     "convnext-7x7": (2, 40, (13, 11), (7, 7), dict(pads_begin=3, pads_end=3)),

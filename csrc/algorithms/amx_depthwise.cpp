@@ -30,11 +30,12 @@ bool depthwise_kernel::amx_tiles_granted() {
 
 namespace {
 
-// Chunks of the padded input row the kernel multiplies: one tile product
-// each per pair of output rows.
+// Chunks of 32 positions along the padded input row, as the kernel splits it.
+int64_t row_chunks(const Geometry& g) { return ceil_div(g.in[2] + g.pad_begin[2], 32); }
+
+// One tile product per chunk and pair of output rows.
 int64_t products_of(const Geometry& g) {
-  const int64_t chunks = ceil_div(g.in[2] + g.pad_begin[2], 32);
-  return g.batch * g.in_channels * g.out[0] * ceil_div(g.out[1], 2) * chunks;
+  return g.batch * g.in_channels * g.out[0] * ceil_div(g.out[1], 2) * row_chunks(g);
 }
 
 // Whether both tensors have unit-stride rows, read in place as planes
@@ -85,8 +86,7 @@ double cost(const Problem& problem, const Geometry& g) {
   // Channels-last planes are transposed into the input's padded layout (its
   // rows the products reach, each a whole number of chunks) and the output
   // gradient's.
-  const double padded_input = static_cast<double>(2 * ceil_div(g.out[1], 2) + g.kernel[1]) * 32 *
-                              static_cast<double>(ceil_div(g.in[2] + g.pad_begin[2], 32));
+  const double padded_input = static_cast<double>((2 * ceil_div(g.out[1], 2) + g.kernel[1]) * 32 * row_chunks(g));
   const double transposed = planes * (padded_input + static_cast<double>(g.out[1] * g.out[2])) * 2;
   return kOverheadSeconds + std::max(bytes / kBytesPerSecond, compute) +
          (channels_first(g) ? 0.0 : transposed / kTransposedBytesPerSecond + planes * kTransposedSecondsPerPlane);

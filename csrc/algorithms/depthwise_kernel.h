@@ -66,8 +66,9 @@ TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 #define TORCH_CONVGRAD_DEPTHWISE_AMX 1
 // bf16 depthwise 2-D layers with stride 1, no dilation between rows, at
 // most 8 taps along the row spanning at most 31 positions and 15 rows of
-// taps, on AMX tiles (amx_depthwise.cpp checks). Writes the result as channels_last and channels_first do. Only
-// where the CPU has AMX-BF16 and amx_tiles_granted().
+// taps, on AMX tiles (amx_depthwise.cpp checks). Writes the result as
+// channels_last and channels_first do. Only where the CPU has AMX-BF16 and
+// amx_tiles_granted().
 namespace AVX512 {
 void amx_bf16(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin, int64_t channel_end,
               void* result);
@@ -806,7 +807,7 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
 #if defined(CPU_CAPABILITY_AVX512) && defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
 // ---------------------------------------------------------------------------
 // amx_bf16: one plane (sample, channel) at a time on AMX tiles, for bf16
-// depthwise 2-D layers with stride 1 and row dilation 1. The FMA tiles above
+// depthwise 2-D layers with stride 1 and no dilation between rows. The FMA tiles above
 // stop at the FMA ports' rate; a tile product multiplies 16 x 16 x 32 at once.
 // Per pair of output rows (o, o + 1) and chunk of 32 positions c along the
 // padded input row (positions c = iw + pad_w):
@@ -818,7 +819,8 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
 // so the tap each C element sums is the same for every product, and C stays
 // in its tile across the plane. A's rows are rows of the input plane, copied
 // (channels-last: transposed) once per plane onto cache lines with zeros
-// around them (the padding), and loaded in place: a tile load of rows that straddle lines ran 5x slower.
+// around them (the padding), and loaded in place: a tile load of rows that
+// straddle lines ran 5x slower.
 // B (16 rows of pairs along k, VNNI) is built per product: a window of each
 // of the two grad_output rows (zero outside the plane) in two registers, and
 // per B row one permutation of the pair into the 8 taps' neighbouring
@@ -845,8 +847,11 @@ constexpr int64_t kAmxRing = 4;            // B buffers, built ahead of their pr
 
 struct AmxPlan {
   int64_t H, W, OH, OW, KH, KW, pad_h, pad_w, dilation_w;
+  int64_t reach;          // (KW - 1) * dilation_w, at most 30 (amx_depthwise.cpp checks)
   int64_t chunks;         // of kAmxChunk positions along the padded row
   int64_t x_rows;         // the padded input plane: rows o .. o + KH for every pair o
+  int64_t x_pitch;        // and its row pitch, chunks * kAmxChunk
+  int64_t w_begin, w_end;  // the input positions it holds (a negative pad_w crops)
   int64_t group, groups;  // B rows built from one window of 32 positions (the last may build fewer), windows a B
   std::vector<uint32_t> window_masks;  // [chunk][group of B rows]: the window's positions inside the plane
   std::vector<uint16_t> b_index;       // [B row][32]: the permutation of (row o window, row o + 1 window)
@@ -854,10 +859,13 @@ struct AmxPlan {
 
 inline AmxPlan amx_plan(const Args& args) {
   AmxPlan plan{args.in[1], args.in[2], args.out[1], args.out[2], args.kernel[1], args.kernel[2],
-               args.pad_begin[1], args.pad_begin[2], args.dilation[2], 0, 0, 0, 0, {}, {}};
-  const int64_t reach = (plan.KW - 1) * plan.dilation_w;  // at most 30 (amx_depthwise.cpp checks)
+               args.pad_begin[1], args.pad_begin[2], args.dilation[2], 0, 0, 0, 0, 0, 0, 0, 0, {}, {}};
+  const int64_t reach = plan.reach = (plan.KW - 1) * plan.dilation_w;
   plan.chunks = (plan.W + plan.pad_w + kAmxChunk - 1) / kAmxChunk;
   plan.x_rows = round_up(plan.OH, 2) + plan.KH;
+  plan.x_pitch = plan.chunks * kAmxChunk;
+  plan.w_begin = std::max<int64_t>(0, -plan.pad_w);
+  plan.w_end = std::min(plan.W, plan.x_pitch - plan.pad_w);
   // A window of 32 serves B rows j0 .. j0 + group - 1: it must hold
   // positions 2 * (group - 1) + reach + 1 on from its first.
   const int64_t most = std::min<int64_t>(16, (kAmxChunk - 2 - reach) / 2 + 1), groups = (16 + most - 1) / most;
@@ -888,7 +896,7 @@ inline AmxPlan amx_plan(const Args& args) {
 // ring, a block of rows for the transposes.
 struct AmxBuffers {
   explicit AmxBuffers(const AmxPlan& plan)
-      : x(plan.x_rows * plan.chunks * kAmxChunk), b(kAmxRing * 16 * 16), rows(3 * 16 * 16) {}
+      : x(plan.x_rows * plan.x_pitch), b(kAmxRing * 16 * 16), rows(3 * 16 * 16) {}
   LineAlignedBuffer<uint16_t> x;
   LineAlignedBuffer<uint32_t> b;
   LineAlignedBuffer<uint32_t> rows;
@@ -938,13 +946,12 @@ TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source,
   }
 }
 
-// Copies a plane of the input, pad_h rows down and pad_w in (a negative
-// pad_w crops), into `padded` (plan.x_rows rows of chunks * kAmxChunk, on
-// cache lines), where the zeros around it were never written.
+// Copies a plane of the input, pad_h rows down and pad_w in, into `padded`
+// (plan.x_rows rows of plan.x_pitch, on cache lines), where the zeros around
+// it were never written.
 TORCH_CONVGRAD_AMX_TARGET inline void amx_pad_plane(const AmxPlan& plan, const uint16_t* x, int64_t x_row,
                                                     uint16_t* padded) {
-  const int64_t x_pitch = plan.chunks * kAmxChunk;
-  const int64_t w_begin = std::max<int64_t>(0, -plan.pad_w), w_end = std::min(plan.W, x_pitch - plan.pad_w);
+  const int64_t x_pitch = plan.x_pitch, w_begin = plan.w_begin, w_end = plan.w_end;
   for (int64_t h = 0; h < std::min(plan.H, plan.x_rows - plan.pad_h); ++h)
     for (int64_t w0 = w_begin; w0 < w_end; w0 += 32) {
       const int64_t left = w_end - w0;
@@ -963,7 +970,7 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint1
   // Locals: the compiler cannot keep plan's fields in registers across the
   // vector stores, which may alias anything.
   const int64_t OH = plan.OH, chunks = plan.chunks;
-  const int64_t x_pitch = chunks * kAmxChunk, group = plan.group, reach = (plan.KW - 1) * plan.dilation_w;
+  const int64_t x_pitch = plan.x_pitch, group = plan.group, reach = plan.reach;
   uint32_t* ring = buffers.b.data();
   const uint32_t* window_masks = plan.window_masks.data();
   const uint16_t* b_index = plan.b_index.data();
@@ -1109,12 +1116,10 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
     // blocks in turn, so that each pixel's channels are read from memory
     // once, together (a block of a pixel is a cache line; one block per pass
     // over the data read lines the prefetchers had fetched for nothing).
-    const int64_t x_padded = plan.x_rows * plan.chunks * kAmxChunk;
+    const int64_t x_padded = plan.x_rows * plan.x_pitch;
     const int64_t batch = std::max<int64_t>(1, (int64_t{1} << 19) / (channels * (x_padded + dy_plane)));
     LineAlignedBuffer<uint16_t> x_planes(batch * args.out[0] * channels * x_padded);
     std::vector<uint16_t> dy_planes(batch * args.out[0] * channels * dy_plane);
-    const int64_t w_begin = std::max<int64_t>(0, -plan.pad_w);
-    const int64_t w_end = std::min(plan.W, plan.chunks * kAmxChunk - plan.pad_w);
     for (int64_t n0 = sample_begin; n0 < sample_end; n0 += batch) {
       const int64_t n1 = std::min(sample_end, n0 + batch), slices = (n1 - n0) * args.out[0];
       // planes[slice][channel][position]
@@ -1123,10 +1128,10 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
           const int64_t slice = (n - n0) * args.out[0] + z;
           for (int64_t h = 0; h < std::min(plan.H, plan.x_rows - plan.pad_h); ++h)
             for (int64_t c0 = 0; c0 < channels; c0 += 32)
-              transpose_channels(x_plane_at(n, c0, z) + h * xs[3] + w_begin * xs[4], xs[4], w_end - w_begin,
-                                 std::min<int64_t>(32, channels - c0),
+              transpose_channels(x_plane_at(n, c0, z) + h * xs[3] + plan.w_begin * xs[4], xs[4],
+                                 plan.w_end - plan.w_begin, std::min<int64_t>(32, channels - c0),
                                  x_planes.data() + (slice * channels + c0) * x_padded +
-                                     (h + plan.pad_h) * plan.chunks * kAmxChunk + plan.pad_w + w_begin,
+                                     (h + plan.pad_h) * plan.x_pitch + plan.pad_w + plan.w_begin,
                                  x_padded, buffers.rows.data());
           for (int64_t oh = 0; oh < plan.OH; ++oh)
             for (int64_t c0 = 0; c0 < channels; c0 += 32)
