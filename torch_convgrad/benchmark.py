@@ -7,7 +7,10 @@ each data layout (NXC, NCX) and each dtype (f32, bf16, f16), the benchmark
 1. checks that ours equals the glue, the ATen code users write without this
    package (:func:`glue_weight_gradient`);
 2. times the two interleaved in one process: ``repeats`` times a block of glue
-   calls, then a block of ours, so that a noisy neighbour slows both alike;
+   calls, then a block of ours, so that a noisy neighbour slows both alike (on
+   CUDA with events, each block queued behind a sleeping kernel so that the GPU's
+   work is timed, not the host's launch rate; the per-call lines at the end time
+   the host);
 3. compares our median with a roofline measured in the same run, before and
    after the cases (the higher of each rate, since a noisy neighbour can
    depress one measurement): the best ``torch.mm`` rate for the dtype and the
@@ -235,17 +238,44 @@ class Problem:
         return elements * self.input_forward.element_size()
 
 
-def time_block(function: Callable, calls: int, device: torch.device) -> float:
+# On CUDA a block of calls is queued behind a sleeping kernel, so that the GPU, not
+# the host's launch rate, paces it: the events then time the block's GPU work alone.
+# The sleep must outlast the queueing: it grows (up to about 0.1 s) until it does.
+# Blocks hold at most CUDA_BLOCK_CALLS calls, so that their kernels fit CUDA's launch
+# queue (about 1000) and queueing them never waits for the GPU.
+CUDA_BLOCK_CALLS = 128
+_MAX_SLEEP_CYCLES = 200_000_000
+_sleep_cycles = 1 << 20
+
+
+def time_block(function: Callable, calls: int, device: torch.device, gpu_paced: bool = True) -> float:
     """Seconds per call of ``calls`` back-to-back calls: ``perf_counter`` on CPU; on CUDA,
-    events recorded around the block after a synchronize, so only the block's work counts."""
+    events recorded around the block after a synchronize, so only the block's work counts.
+    With ``gpu_paced`` (CUDA, blocks of several calls) the block is queued before the GPU
+    starts it, so a call's host time (the per-call overhead lines' subject) does not count,
+    only its GPU time."""
+    global _sleep_cycles
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize(device)
-        start.record()
-        for _ in range(calls):
-            function()
-        end.record()
-        end.synchronize()
+        asleep = torch.cuda.Event(enable_timing=True)
+        paced = gpu_paced and calls > 1
+        for _ in range(4):
+            torch.cuda.synchronize(device)
+            if paced:
+                asleep.record()
+                torch.cuda._sleep(_sleep_cycles)
+            start.record()
+            queued = time.perf_counter()
+            for _ in range(calls):
+                function()
+            queued = time.perf_counter() - queued
+            end.record()
+            end.synchronize()
+            slept = asleep.elapsed_time(start) / 1e3 if paced else math.inf
+            if slept > queued or _sleep_cycles >= _MAX_SLEEP_CYCLES:
+                break
+            # The GPU may have waited for the host: again, with a sleep long enough.
+            _sleep_cycles = min(_MAX_SLEEP_CYCLES, int(_sleep_cycles * 2 * queued / max(slept, 1e-6)))
         return start.elapsed_time(end) / 1e3 / calls
     start = time.perf_counter()
     for _ in range(calls):
@@ -259,24 +289,28 @@ SLOW_CALL_SECONDS = 0.25
 SLOW_REPEATS = 3
 
 
-def time_interleaved(functions: dict, repeats: int, block_seconds: float, device: torch.device) -> dict:
+def time_interleaved(functions: dict, repeats: int, block_seconds: float, device: torch.device,
+                     gpu_paced: bool = True) -> dict:
     """Per-call seconds of each function, one value per repeat, the functions' blocks alternating.
 
     One timed warm-up call each first (callers have run each function once already,
-    to check it); a block holds enough calls to last ``block_seconds`` so that timer
-    resolution and per-call jitter stay small. Where one call of some function takes
-    over ``SLOW_CALL_SECONDS``, at most ``SLOW_REPEATS`` repeats.
+    to check it); a block holds enough calls to last ``block_seconds`` (on CUDA at most
+    ``CUDA_BLOCK_CALLS``) so that timer resolution and per-call jitter stay small. Where
+    one call of some function takes over ``SLOW_CALL_SECONDS``, at most ``SLOW_REPEATS``
+    repeats. ``gpu_paced``: see :func:`time_block`.
     """
     calls = {}
     for name, function in functions.items():
-        warm = time_block(function, 1, device)
+        warm = time_block(function, 1, device, gpu_paced)
         calls[name] = max(1, math.ceil(block_seconds / max(warm, 1e-6)))
+        if device.type == "cuda" and gpu_paced:
+            calls[name] = min(calls[name], CUDA_BLOCK_CALLS)
         if warm > SLOW_CALL_SECONDS:
             repeats = min(repeats, SLOW_REPEATS)
     times = {name: [] for name in functions}
     for _ in range(repeats):
         for name, function in functions.items():
-            times[name].append(time_block(function, calls[name], device))
+            times[name].append(time_block(function, calls[name], device, gpu_paced))
     return times
 
 
@@ -324,17 +358,22 @@ def measure_roofline(device: torch.device, dtypes: Sequence[torch.dtype], quick:
     shapes = [(1024 // scale, 1024 // scale, 1024 // scale), (64, 100_000 // scale ** 2, 64)]
     if device.type == "cuda":
         shapes = [(8192, 8192, 8192), (256, 1 << 20, 256)]
-        # f32 convolutions follow cuDNN's TF32 setting: let the f32 GEMM do the same.
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
     budget = 0.1 if quick else 0.3
     gemm_rate = {}
-    for dtype in dict.fromkeys([torch.float32, *dtypes]):  # f32 first, no repeats
-        rates = []
-        for m, k, n in shapes:
-            a = torch.randn(m, k, device=device, dtype=dtype)
-            b = torch.randn(k, n, device=device, dtype=dtype)
-            rates.append(2 * m * k * n / _best_seconds(lambda: torch.mm(a, b), device, budget))
-        gemm_rate[dtype] = max(rates)
+    # f32 convolutions follow cuDNN's TF32 setting: the f32 GEMM does the same here, and
+    # only here (the matmul algorithm's choice follows the caller's matmul setting).
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32
+    try:
+        for dtype in dict.fromkeys([torch.float32, *dtypes]):  # f32 first, no repeats
+            rates = []
+            for m, k, n in shapes:
+                a = torch.randn(m, k, device=device, dtype=dtype)
+                b = torch.randn(k, n, device=device, dtype=dtype)
+                rates.append(2 * m * k * n / _best_seconds(lambda: torch.mm(a, b), device, budget))
+            gemm_rate[dtype] = max(rates)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
     data = torch.ones(64 << 20, device=device)  # 256 MB of f32
     read_bandwidth = data.numel() * data.element_size() / _best_seconds(data.sum, device, budget)
     return Roofline(gemm_rate, read_bandwidth)
@@ -409,7 +448,7 @@ COLUMNS = ("case", "op", "layout", "dtype", "glue ms", "ours ms", "ratio", "GFLO
 def _cells(row: Row, with_algorithm: bool) -> list:
     def milliseconds(timing):
         median, spread = timing
-        return f"{median * 1e3:.2f} ±{spread * 100:.0f}%"
+        return f"{median * 1e3:.3g} ±{spread * 100:.0f}%"
     cells = [row.case, row.op, row.layout, row.dtype, milliseconds(row.glue), milliseconds(row.ours),
              f"{row.ratio:.2f}x", f"{row.gflops:.1f}", f"{row.roofline_fraction * 100:.0f}%"]
     return cells + [row.algorithm] if with_algorithm else cells
@@ -505,7 +544,7 @@ def per_call_overhead(device: torch.device, repeats: int) -> list:
     }
     for function in functions.values():
         function()
-    times = time_interleaved(functions, repeats, 0.02, device)
+    times = time_interleaved(functions, repeats, 0.02, device, gpu_paced=False)
     medians = {name: median_and_spread(values) for name, values in times.items()}
     aten = medians["aten.convolution_backward"][0]
     lines = ["per-call overhead, tiny problem (1x8x8x8 NXC, 3x3, pads 1, XIO):"]
