@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_convgrad
-from conftest import REF, assert_matches_ref, data_shape, rand
+from conftest import REF, assert_matches_ref, data_shape, rand, requires_cuda
 
 NAMES = torch_convgrad.algorithm_names()
 
@@ -44,12 +44,25 @@ def run(algorithm, x, dy, shape, attributes):
 
 
 def test_the_algorithms():
-    assert set(NAMES) == {"aten", "aten_channels_last", "gemm", "depthwise", "direct", "amx", "amx_planes",
-                          "amx_depthwise"}
+    assert set(NAMES) == {"aten", "aten_channels_last", "aten_channels_first", "gemm", "depthwise", "direct", "amx",
+                          "amx_planes", "amx_depthwise", "matmul"}
+
+
+def unpadded_problem(data_format="NCX", dtype=torch.float32, n=2, c=8, o=6, size=(9, 7)):
+    """A 3x3 stride-2 convolution in 2 groups whose windows read no padding: (x, dy, shape, attributes)."""
+    out = [(s - 3) // 2 + 1 for s in size]
+    x = rand(data_shape(n, c, size, data_format), dtype, seed=7)
+    dy = rand(data_shape(n, o, out, data_format), dtype, seed=8)
+    return x, dy, [o, c // 2, 3, 3], dict(strides=2, groups=2, data_format=data_format, filter_format="OIX")
 
 
 def problem_for(algorithm, data_format="NCX", dtype=torch.float32, **sizes):
-    """A problem that ``algorithm`` takes (amx, amx_planes, amx_depthwise: bf16 only)."""
+    """A problem that ``algorithm`` takes (amx, amx_planes, amx_depthwise: bf16 only; matmul: no padding read;
+    aten_channels_first: channels-last data)."""
+    if algorithm == "matmul":
+        return unpadded_problem(data_format, dtype, **sizes)
+    if algorithm == "aten_channels_first":
+        return dense_problem("NXC", dtype, **sizes)
     if algorithm == "depthwise":
         return depthwise_problem(data_format, dtype, **sizes)
     if algorithm == "amx_depthwise":
@@ -279,6 +292,9 @@ def test_an_algorithm_that_does_not_apply_leaves_the_problem_to_the_selector():
     # 8; channels-last data needs no channels-last copy.
     assert run("depthwise", *dense_problem())[1] != "depthwise"
     assert run("aten_channels_last", *dense_problem("NXC"))[1] != "aten_channels_last"
+    assert run("aten_channels_first", *dense_problem("NCX"))[1] != "aten_channels_first"
+    # matmul reads windows in place: none may reach into the padding.
+    assert run("matmul", *dense_problem())[1] != "matmul"
     assert run(None, *dense_problem())[1] in NAMES
 
 
@@ -743,3 +759,32 @@ def test_bf16_strided_3x3_channels_first_goes_to_amx_planes():
     x, dy = rand([8, 128, 56, 56], torch.bfloat16, seed=5), rand([8, 128, 28, 28], torch.bfloat16, seed=6)
     attributes = dict(strides=2, pads_begin=0, pads_end=1, data_format="NCX", filter_format="OIX")
     assert run(None, x, dy, [128, 128, 3, 3], attributes)[1] == "amx_planes"
+
+
+# The CUDA cost models' picks on the benchmark's layers at its CUDA batch (64), each measured
+# faster there on an H100 (GPU time, torch 2.11, 2026-11-24): a float32 7x7 depthwise layer on
+# channels-last data copied to NCX (3.0x), a bf16 one on NCX data copied to channels-last
+# (4.2x), a stride-2 1x1 layer on NCX bf16 data as one cuBLAS product (1.15x), and cuDNN in
+# place for the rest.
+CUDA_PICKS = [
+    # (data_format, dtype, C, O, size, kernel, attributes, pick)
+    ("NXC", torch.float32, 96, 96, (56, 56), 7, dict(pads_begin=3, pads_end=3, groups=96), "aten_channels_first"),
+    ("NCX", torch.bfloat16, 96, 96, (56, 56), 7, dict(pads_begin=3, pads_end=3, groups=96), "aten_channels_last"),
+    ("NCX", torch.bfloat16, 256, 512, (56, 56), 1, dict(strides=2), "matmul"),
+    ("NXC", torch.bfloat16, 256, 512, (56, 56), 1, dict(strides=2), "aten"),
+    ("NXC", torch.float16, 1024, 256, (14, 14), 1, dict(), "aten"),
+    ("NCX", torch.float16, 1024, 256, (14, 14), 1, dict(), "aten"),
+    ("NCX", torch.bfloat16, 64, 64, (56, 56), 3, dict(pads_begin=1, pads_end=1), "aten"),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("data_format,dtype,c,o,size,kernel,attributes,pick", CUDA_PICKS)
+def test_cuda_picks(data_format, dtype, c, o, size, kernel, attributes, pick):
+    stride = attributes.get("strides", 1)
+    pads = attributes.get("pads_begin", 0) + attributes.get("pads_end", 0)
+    out = [(s + pads - kernel) // stride + 1 for s in size]
+    x = rand(data_shape(64, c, size, data_format), dtype, seed=21, device="cuda")
+    dy = rand(data_shape(64, o, out, data_format), dtype, seed=22, device="cuda")
+    shape = [o, c // attributes.get("groups", 1), kernel, kernel]
+    assert run(None, x, dy, shape, dict(attributes, data_format=data_format, filter_format="OIX"))[1] == pick

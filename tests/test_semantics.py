@@ -288,10 +288,10 @@ def sweep_data(case, device):
     return x, dy, shape, attrs, call_ref(case.op, x, dy, shape, case.fmt, **attrs)
 
 
-# The algorithms whose supports() accepts CUDA tensors (csrc/algorithms/): ATen in either
-# layout, and gemm (ATen matrix products, on any device). The others are CPU kernels: forced on
+# The algorithms whose supports() accepts CUDA tensors (csrc/algorithms/): ATen in any layout,
+# gemm and matmul (ATen matrix products, on any device). The others are CPU kernels: forced on
 # CUDA they would only rerun the selector's choice.
-CUDA_ALGORITHMS = ("aten", "aten_channels_last", "gemm")
+CUDA_ALGORITHMS = ("aten", "aten_channels_last", "aten_channels_first", "gemm", "matmul")
 
 
 def on_devices(algorithms):

@@ -29,12 +29,14 @@ struct Algorithm {
 // The algorithms, one per file.
 extern const Algorithm kAtenAlgorithm;             // aten.cpp: ATen in the caller's layout
 extern const Algorithm kAtenChannelsLastAlgorithm; // aten.cpp: one copy to channels-last, then ATen
+extern const Algorithm kAtenChannelsFirstAlgorithm; // aten.cpp: one copy to channels-first, then ATen
 extern const Algorithm kGemmAlgorithm;             // gemm.cpp: one GEMM per kernel tap
 extern const Algorithm kDepthwiseAlgorithm;        // depthwise.cpp: direct CPU kernel, groups == channels
 extern const Algorithm kDirectAlgorithm;           // direct.cpp: plain loops for tiny problems
 extern const Algorithm kAmxAlgorithm;              // amx.cpp: bf16 on AMX tiles (ATen's brgemm)
 extern const Algorithm kAmxPlanesAlgorithm;        // amx_planes.cpp: the same, input read from phase planes
 extern const Algorithm kAmxDepthwiseAlgorithm;     // amx_depthwise.cpp: bf16 depthwise on AMX tiles
+extern const Algorithm kMatmulAlgorithm;           // matmul.cpp: one ATen matrix product over im2col windows
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

@@ -2,9 +2,11 @@
 // the caller's data, only the padding that windows reach, and f16/bf16 in
 // float32 unless ATen's backend for the problem accumulates in float32 itself.
 //
-// Two algorithms: "aten" in the caller's layout, and "aten_channels_last",
-// which first copies both data tensors to channels-last memory, where cuDNN
-// (and oneDNN on AVX-512 CPUs) run much faster weight gradients.
+// Three algorithms: "aten" in the caller's layout, "aten_channels_last", which
+// first copies both data tensors to channels-last memory, where cuDNN (and
+// oneDNN on AVX-512 CPUs) run most weight gradients faster, and
+// "aten_channels_first", which copies them to contiguous NCX memory, where
+// cuDNN runs float32 depthwise ones with large kernels faster.
 #include "algorithm.h"
 #include "scratch.h"
 
@@ -343,24 +345,61 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   return g.macs() / macs_per_second;
 }
 
-double estimated_seconds(const Problem& problem, const Geometry& g, bool channels_last) {
+// The memory layout ATen gets the data in: as the caller gave it, or copied.
+enum class DataLayout { Given, ChannelsLast, ChannelsFirst };
+
+bool is_channels_first(const at::Tensor& ncx) { return ncx.is_contiguous(); }
+
+bool not_yet_channels_first(const Problem& problem) {
+  return !is_channels_first(problem.input) || !is_channels_first(problem.grad_output);
+}
+
+double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout layout) {
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
   const bool depthwise = g.in_channels == g.groups && g.out_channels == g.groups;
   const int64_t element_size = problem.input.element_size();
-  const double copy_bytes = channels_last && not_yet_channels_last(problem) ? g.data_bytes(element_size) * 2 : 0;
+  const bool copies = (layout == DataLayout::ChannelsLast && not_yet_channels_last(problem)) ||
+                      (layout == DataLayout::ChannelsFirst && not_yet_channels_first(problem));
+  const double copy_bytes = copies ? g.data_bytes(element_size) * 2 : 0;
+  const bool channels_last = layout == DataLayout::ChannelsLast;
   if (problem.input.is_cuda()) {
-    // cuDNN with torch 2.11 on an H100, the benchmark's layers at batch 64
-    // (2026-11-23): the channels-last copy moved about 0.4 TB/s (bytes read
-    // and written) and lost on every NCX layer, 0.2-0.9x of cuDNN in place,
-    // but f16/bf16 depthwise with a 7x7 kernel. There NHWC read the data at
-    // 0.6 TB/s, NCX ran 10 times slower, and the copy won 4.2x; with 3x3
-    // kernels NCX ran 2-6 times slower and the copy did not pay.
-    const bool slow_in_place = depthwise && reduced && g.taps() >= 25 && !is_channels_last(problem.input);
-    const double layout_penalty = slow_in_place && !channels_last ? 10.0 : 1.0;
-    const double base_seconds =
-        depthwise ? g.data_bytes(element_size) / 0.6e12 : g.macs() / (reduced ? 1e14 : 5e13);
-    return 20e-6 + copy_bytes / 0.4e12 + layout_penalty * base_seconds;
+    // cuDNN with torch 2.11 on an H100, the benchmark's layers at batch 64,
+    // GPU time (2026-11-24): about 5 us plus the larger of the products at a
+    // rate by dtype and layout and the data at 2.3 TB/s. Products (MAC/s):
+    // f16/bf16 on NHWC data 155-205 T (a 3x3 kernel with stride 2: 54 T), on
+    // NCX 80-148 T for 3x3, 57 T for 1x1 and 35-38 T with strides; float32
+    // (TF32) on NHWC 47-77 T (3x3 with stride 2: 34 T), on NCX 32-58 T for
+    // 3x3, 35 T for 1x1 and 22 T with strides. The channels-last copy moved
+    // about 0.4 TB/s (bytes read and written) and lost on every NCX layer but
+    // f16/bf16 depthwise with a 7x7 kernel (2026-11-23). There NHWC read the
+    // data at 0.6 TB/s, NCX ran 10 times slower, and the copy won 4.2x; with
+    // 3x3 kernels NCX ran 2-6 times slower and the copy did not pay. float32
+    // 7x7 depthwise is the other way round: 0.12 TB/s on NCX data, 0.033 on
+    // NHWC, where a channels-first copy (1 TB/s) won 3.0x; elsewhere that
+    // copy lost (0.06-0.6x).
+    const bool nhwc = layout == DataLayout::ChannelsLast || (layout == DataLayout::Given && is_channels_last(problem.input));
+    const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+    double base_seconds;
+    if (depthwise) {
+      const double bytes_per_second = g.taps() < 25 ? 0.6e12
+                                      : reduced     ? (nhwc ? 0.6e12 : 0.06e12)
+                                                    : (nhwc ? 0.033e12 : 0.12e12);
+      base_seconds = g.data_bytes(element_size) / bytes_per_second;
+    } else {
+      double macs_per_second;
+      if (nhwc)
+        macs_per_second = (reduced ? 170e12 : 60e12) * (strided && g.taps() > 1 ? 0.4 : 1.0);
+      else if (strided)
+        macs_per_second = reduced ? 36e12 : 22e12;
+      else
+        macs_per_second = g.taps() == 1 ? (reduced ? 57e12 : 35e12) : (reduced ? 100e12 : 40e12);
+      base_seconds = std::max(g.macs() / macs_per_second, g.data_bytes(element_size) / 2.3e12);
+    }
+    const double copy_bytes_per_second = layout == DataLayout::ChannelsFirst ? 1e12 : 0.4e12;
+    return 5e-6 + copy_bytes / copy_bytes_per_second + base_seconds;
   }
+  // Not measured on CPUs, where it runs only when forced.
+  if (layout == DataLayout::ChannelsFirst) return 1e30;
   const bool nxc = channels_last || is_channels_last(problem.input);
   const bool avx512 = cpu_is_avx512();
   double onednn_seconds = avx512 ? avx512_cpu_seconds(problem, g, nxc) : avx2_cpu_seconds(problem, g, nxc);
@@ -375,10 +414,13 @@ double estimated_seconds(const Problem& problem, const Geometry& g, bool channel
 }
 
 double aten_cost(const Problem& problem, const Geometry& g) {
-  return estimated_seconds(problem, g, /*channels_last=*/false);
+  return estimated_seconds(problem, g, DataLayout::Given);
 }
 double aten_channels_last_cost(const Problem& problem, const Geometry& g) {
-  return estimated_seconds(problem, g, /*channels_last=*/true);
+  return estimated_seconds(problem, g, DataLayout::ChannelsLast);
+}
+double aten_channels_first_cost(const Problem& problem, const Geometry& g) {
+  return estimated_seconds(problem, g, DataLayout::ChannelsFirst);
 }
 
 at::Tensor run_in_caller_layout(const Problem& problem) {
@@ -390,10 +432,18 @@ at::Tensor run_in_channels_last(const Problem& problem) {
                   nxc_to_ncx(problem.input.dim()));
 }
 
+at::Tensor run_in_channels_first(const Problem& problem) {
+  std::vector<int64_t> identity(problem.input.dim());
+  for (int64_t dim = 0; dim < problem.input.dim(); ++dim) identity[dim] = dim;
+  return run_aten(problem, problem.input.contiguous(), problem.grad_output.contiguous(), identity);
+}
+
 }  // namespace
 
 const Algorithm kAtenAlgorithm{"aten", supports_everything, aten_cost, run_in_caller_layout};
 const Algorithm kAtenChannelsLastAlgorithm{"aten_channels_last", not_yet_channels_last, aten_channels_last_cost,
                                            run_in_channels_last};
+const Algorithm kAtenChannelsFirstAlgorithm{"aten_channels_first", not_yet_channels_first, aten_channels_first_cost,
+                                            run_in_channels_first};
 
 }  // namespace torch_convgrad

@@ -19,7 +19,8 @@ namespace {
 // In the order ties are broken.
 const Algorithm* const kAlgorithms[] = {&kAtenAlgorithm, &kGemmAlgorithm, &kDepthwiseAlgorithm,
                                         &kAtenChannelsLastAlgorithm, &kDirectAlgorithm,
-                                        &kAmxAlgorithm, &kAmxPlanesAlgorithm, &kAmxDepthwiseAlgorithm};
+                                        &kAmxAlgorithm, &kAmxPlanesAlgorithm, &kAmxDepthwiseAlgorithm,
+                                        &kMatmulAlgorithm, &kAtenChannelsFirstAlgorithm};
 
 const Algorithm* find_algorithm(const char* name) {
   for (const Algorithm* algorithm : kAlgorithms)

@@ -1,0 +1,191 @@
+// The weight gradient as one matrix product per group over the (sample, output
+// position) rows, through ATen's matmul (cuBLAS on CUDA):
+//
+//     dW (O/g x C/g * K) = grad_output (O/g x N * Y) @ windows (N * Y x C/g * K)
+//
+// `windows` is the input's im2col matrix, a strided view of the input, so
+// only problems whose windows read no padding qualify. Each operand is
+// materialised in the order its data lies in (channels-last: rows (N, Y..),
+// columns (K.., C); channels-first: columns first), so a copy reads and writes
+// whole runs; where that order is already a matrix (a 1x1 stride-1 input on
+// channels-last data, a channels-last output gradient) nothing is copied.
+// Windows that tile the input (kernel = stride: 1x1, or U-Net's 2x2 stride 2)
+// copy it once; overlapping windows copy each input element once per window
+// that reads it, which the cost model charges.
+//
+// f16/bf16 are multiplied as they are into a float32 product where ATen has
+// that product (CUDA: cuBLAS accumulates in float32), and are copied to
+// float32 elsewhere.
+#include "algorithm.h"
+
+#include <ATen/Context.h>
+#include <ATen/TensorUtils.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+
+#include <limits>
+
+namespace torch_convgrad {
+namespace {
+
+// Whether every window lies inside the input on every axis.
+bool reads_no_padding(const Geometry& g) {
+  for (int64_t axis = 0; axis < 3; ++axis) {
+    const int64_t first = -g.pad_begin[axis];
+    const int64_t last = first + (g.out[axis] - 1) * g.stride[axis] + (g.kernel[axis] - 1) * g.dilation[axis];
+    if (first < 0 || last >= g.in[axis]) return false;
+  }
+  return true;
+}
+
+// Whether ATen multiplies `dtype` operands into a float32 product on this
+// device (aten::mm.dtype, CUDA only), so f16/bf16 need no float32 copies.
+bool multiplies_into_float32(const at::Tensor& data) {
+  return data.is_cuda() && at::isReducedFloatingType(data.scalar_type());
+}
+
+at::ScalarType compute_dtype(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
+
+// The two operands as views of the caller's data, dims permuted into the
+// order the matrices take, and the matrix shapes they flatten to.
+struct Operands {
+  at::Tensor windows, grad_output;  // permuted views
+  std::vector<int64_t> windows_shape, grad_output_shape;
+  bool channels_last_input;   // windows: (g, rows, K * C/g), else (g, C/g * K, rows)
+  bool channels_last_output;  // grad_output: (g, rows, O/g), else (g, O/g, rows)
+};
+
+Operands operands_of(const Problem& problem, const Geometry& g) {
+  const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
+  const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
+  const int64_t rows = g.batch * g.out_positions();
+  // (N, g, C/g, Y0, K0, Y1, K1, Y2, K2)
+  std::vector<int64_t> sizes{g.batch, groups, in_per_group};
+  std::vector<int64_t> strides{x5.stride(0), in_per_group * x5.stride(1), x5.stride(1)};
+  int64_t offset = x5.storage_offset();
+  for (int64_t axis = 0; axis < 3; ++axis) {
+    const int64_t step = x5.stride(2 + axis);
+    sizes.insert(sizes.end(), {g.out[axis], g.kernel[axis]});
+    strides.insert(strides.end(), {g.stride[axis] * step, g.dilation[axis] * step});
+    offset -= g.pad_begin[axis] * step;
+  }
+  const at::Tensor windows = x5.as_strided(sizes, strides, offset);
+  Operands operands;
+  operands.channels_last_input = g.in_channels > 1 && x5.stride(1) == 1;
+  operands.channels_last_output = g.out_channels > 1 && dy5.stride(1) == 1;
+  const int64_t columns = in_per_group * g.taps();
+  if (operands.channels_last_input) {
+    operands.windows = windows.permute({1, 0, 3, 5, 7, 4, 6, 8, 2});
+    operands.windows_shape = {groups, rows, columns};
+  } else {
+    operands.windows = windows.permute({1, 2, 4, 6, 8, 0, 3, 5, 7});
+    operands.windows_shape = {groups, columns, rows};
+  }
+  const at::Tensor dy = dy5.unflatten(1, {groups, out_per_group});  // (N, g, O/g, Y0, Y1, Y2)
+  if (operands.channels_last_output) {
+    operands.grad_output = dy.permute({1, 0, 3, 4, 5, 2});
+    operands.grad_output_shape = {groups, rows, out_per_group};
+  } else {
+    operands.grad_output = dy.permute({1, 2, 0, 3, 4, 5});
+    operands.grad_output_shape = {groups, out_per_group, rows};
+  }
+  return operands;
+}
+
+bool is_view(const at::Tensor& permuted, const std::vector<int64_t>& shape) {
+  return at::detail::computeStride(permuted.sizes(), permuted.strides(), shape).has_value();
+}
+
+// `permuted` as a batch of matrices of `shape` in `dtype`: a view where its
+// strides allow, otherwise one copy in its dim order (converting as it goes).
+at::Tensor as_matrices(const at::Tensor& permuted, const std::vector<int64_t>& shape, at::ScalarType dtype) {
+  if (permuted.scalar_type() == dtype && is_view(permuted, shape)) return permuted.view(shape);
+  return at::empty(permuted.sizes(), permuted.options().dtype(dtype)).copy_(permuted).view(shape);
+}
+
+bool supports(const Problem& problem) {
+  if (!(problem.input.is_cuda() || problem.input.is_cpu())) return false;
+  const Geometry g = geometry_of(problem);
+  // cuBLAS takes 32-bit sizes.
+  constexpr int64_t kLargest = std::numeric_limits<int32_t>::max();
+  const double rows = static_cast<double>(g.batch) * g.out_positions();
+  return reads_no_padding(g) && rows <= kLargest && (g.in_channels / g.groups) * g.taps() <= kLargest;
+}
+
+at::Tensor run(const Problem& problem) {
+  const Geometry g = geometry_of(problem);
+  const Operands operands = operands_of(problem, g);
+  const at::ScalarType dtype = problem.input.scalar_type();
+  const bool into_float32 = multiplies_into_float32(problem.input);
+  const at::ScalarType storage = into_float32 ? dtype : compute_dtype(dtype);
+  at::Tensor windows = as_matrices(operands.windows, operands.windows_shape, storage);
+  at::Tensor grad_output = as_matrices(operands.grad_output, operands.grad_output_shape, storage);
+  if (!operands.channels_last_input) windows = windows.transpose(1, 2);
+  if (operands.channels_last_output) grad_output = grad_output.transpose(1, 2);
+  // (g, O/g, C/g * K) in float32 (float64)
+  at::Tensor product;
+  if (g.groups == 1) {
+    product = (into_float32 ? at::mm(grad_output[0], windows[0], at::kFloat) : at::mm(grad_output[0], windows[0]))
+                  .unsqueeze(0);
+  } else {
+    product = into_float32 ? at::bmm(grad_output, windows, at::kFloat) : at::bmm(grad_output, windows);
+  }
+  const int64_t in_per_group = g.in_channels / g.groups;
+  // (O, C/g, K0, K1, K2)
+  at::Tensor canonical =
+      operands.channels_last_input
+          ? product.view({g.out_channels, g.kernel[0], g.kernel[1], g.kernel[2], in_per_group}).permute({0, 4, 1, 2, 3})
+          : product.view({g.out_channels, in_per_group, g.kernel[0], g.kernel[1], g.kernel[2]});
+  for (int64_t lifted = 0; lifted < 3 - problem.spatial_rank(); ++lifted) canonical = canonical.squeeze(2);
+  return problem.finish(canonical);
+}
+
+// Estimated seconds, on CUDA only (elsewhere it runs only when forced).
+//
+// Measured on an H100 (torch 2.11, GPU time, the benchmark's 1x1 layers at
+// batch 64, 2026-11-24): cuBLAS multiplied f16/bf16 at 330-380 TFLOP/s where
+// the product was not bound by reading its operands (2.4 TB/s); the copies
+// moved 1.3-1.5 TB/s (bytes read and written); a call took about 10 us more
+// (launches, the result's conversion and layout). It beat cuDNN only on NCX
+// data with a stride (1x1 stride 2, 256 -> 512 channels: 1.15x); on NCX
+// data without a stride its copies cost more than cuDNN's slower product
+// (0.24-0.86x), on channels-last data cuDNN ran as fast or faster (0.6-0.97x).
+// float32 multiplies at the full precision torch.backends.cuda.matmul asks
+// for (by default no TF32, 0.3-0.7x of cuDNN's TF32); the TF32 rate is the
+// benchmark's roofline's (400 TFLOP/s on square products), halved.
+double cost(const Problem& problem, const Geometry& g) {
+  if (!problem.input.is_cuda()) return 1e30;
+  const Operands operands = operands_of(problem, g);
+  const at::ScalarType dtype = problem.input.scalar_type();
+  const double element_size = problem.input.element_size();
+  const double stored_size = multiplies_into_float32(problem.input) ? element_size
+                                                                     : c10::elementSize(compute_dtype(dtype));
+  const double input_bytes = static_cast<double>(g.batch) * g.in_channels * g.in[0] * g.in[1] * g.in[2] * element_size;
+  const double windows_elements = static_cast<double>(operands.windows.numel());
+  const double grad_output_elements = static_cast<double>(operands.grad_output.numel());
+  double copy_bytes = 0;
+  if (stored_size != element_size || !is_view(operands.windows, operands.windows_shape)) {
+    // A channels-first gather with a stride reads every sector of the rows it
+    // touches; windows that overlap read their shared input from cache.
+    const double spread = operands.channels_last_input ? 1.0 : std::min<double>(g.stride[2], 32.0 / element_size);
+    copy_bytes += std::min(input_bytes, windows_elements * element_size * spread) + windows_elements * stored_size;
+  }
+  if (stored_size != element_size || !is_view(operands.grad_output, operands.grad_output_shape))
+    copy_bytes += grad_output_elements * (element_size + stored_size);
+  constexpr double kCopyBytesPerSecond = 1.4e12;
+  constexpr double kReadBytesPerSecond = 2.4e12;
+  const bool reduced = at::isReducedFloatingType(dtype);
+  const double flops_per_second = reduced ? 3.5e14
+                                  : dtype == at::kFloat && at::globalContext().allowTF32CuBLAS() ? 2e14
+                                                                                                : 4e13;
+  const double product_seconds = std::max(2 * g.macs() / flops_per_second,
+                                          (windows_elements + grad_output_elements) * stored_size / kReadBytesPerSecond);
+  return 10e-6 + copy_bytes / kCopyBytesPerSecond + product_seconds;
+}
+
+}  // namespace
+
+const Algorithm kMatmulAlgorithm{"matmul", supports, cost, run};
+
+}  // namespace torch_convgrad
