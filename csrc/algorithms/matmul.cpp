@@ -47,61 +47,85 @@ bool multiplies_into_float32(const at::Tensor& data) {
 
 at::ScalarType compute_dtype(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
 
-// The two operands as views of the caller's data, dims permuted into the
-// order the matrices take, and the matrix shapes they flatten to.
-struct Operands {
-  at::Tensor windows, grad_output;  // permuted views
-  std::vector<int64_t> windows_shape, grad_output_shape;
-  bool channels_last_input;   // windows: (g, rows, K * C/g), else (g, C/g * K, rows)
-  bool channels_last_output;  // grad_output: (g, rows, O/g), else (g, O/g, rows)
+// One operand as a strided view of the caller's data, its dims in the order
+// its matrices take: (g, rows, columns) or (g, columns, rows), rows being the
+// (N, Y..) axes the product sums over. Plain sizes and strides, so that the
+// cost model reads them without making tensors.
+struct OperandView {
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  std::vector<int64_t> shape;  // of the matrices
+  bool rows_first = false;     // shape is (g, rows, columns)
+
+  void permute(c10::IntArrayRef order) {
+    std::vector<int64_t> permuted_sizes, permuted_strides;
+    for (const int64_t dim : order) {
+      permuted_sizes.push_back(sizes[dim]);
+      permuted_strides.push_back(strides[dim]);
+    }
+    sizes = std::move(permuted_sizes);
+    strides = std::move(permuted_strides);
+  }
+  // Whether the view flattens to `shape` without a copy.
+  bool is_matrices() const { return at::detail::computeStride(sizes, strides, shape).has_value(); }
+  double elements() const {
+    double count = 1;
+    for (const int64_t size : sizes) count *= static_cast<double>(size);
+    return count;
+  }
+  // The matrices in `dtype`: a view of `data` where its strides allow,
+  // otherwise one copy in the view's dim order (converting as it goes).
+  at::Tensor matrices(const at::Tensor& data, at::ScalarType dtype) const {
+    const at::Tensor view = data.as_strided(sizes, strides, offset);
+    if (data.scalar_type() == dtype && is_matrices()) return view.view(shape);
+    return at::empty(sizes, data.options().dtype(dtype)).copy_(view).view(shape);
+  }
 };
 
-Operands operands_of(const Problem& problem, const Geometry& g) {
-  const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
-  const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
-  const int64_t rows = g.batch * g.out_positions();
-  // (N, g, C/g, Y0, K0, Y1, K1, Y2, K2)
-  std::vector<int64_t> sizes{g.batch, groups, in_per_group};
-  std::vector<int64_t> strides{x5.stride(0), in_per_group * x5.stride(1), x5.stride(1)};
-  int64_t offset = x5.storage_offset();
+// The input's windows, (N, g, C/g, Y0, K0, Y1, K1, Y2, K2) permuted so that
+// channels-last data is read along its channels.
+OperandView windows_of(const Problem& problem, const Geometry& g) {
+  const int64_t* step = g.input_strides;  // (N, C, X0, X1, X2)
+  const int64_t in_per_group = g.in_channels / g.groups;
+  OperandView view;
+  view.sizes = {g.batch, g.groups, in_per_group};
+  view.strides = {step[0], in_per_group * step[1], step[1]};
+  view.offset = problem.input.storage_offset();
   for (int64_t axis = 0; axis < 3; ++axis) {
-    const int64_t step = x5.stride(2 + axis);
-    sizes.insert(sizes.end(), {g.out[axis], g.kernel[axis]});
-    strides.insert(strides.end(), {g.stride[axis] * step, g.dilation[axis] * step});
-    offset -= g.pad_begin[axis] * step;
+    view.sizes.insert(view.sizes.end(), {g.out[axis], g.kernel[axis]});
+    view.strides.insert(view.strides.end(), {g.stride[axis] * step[2 + axis], g.dilation[axis] * step[2 + axis]});
+    view.offset -= g.pad_begin[axis] * step[2 + axis];
   }
-  const at::Tensor windows = x5.as_strided(sizes, strides, offset);
-  Operands operands;
-  operands.channels_last_input = g.in_channels > 1 && x5.stride(1) == 1;
-  operands.channels_last_output = g.out_channels > 1 && dy5.stride(1) == 1;
-  const int64_t columns = in_per_group * g.taps();
-  if (operands.channels_last_input) {
-    operands.windows = windows.permute({1, 0, 3, 5, 7, 4, 6, 8, 2});
-    operands.windows_shape = {groups, rows, columns};
+  const int64_t rows = g.batch * g.out_positions(), columns = in_per_group * g.taps();
+  view.rows_first = g.in_channels > 1 && step[1] == 1;
+  if (view.rows_first) {
+    view.permute({1, 0, 3, 5, 7, 4, 6, 8, 2});
+    view.shape = {g.groups, rows, columns};
   } else {
-    operands.windows = windows.permute({1, 2, 4, 6, 8, 0, 3, 5, 7});
-    operands.windows_shape = {groups, columns, rows};
+    view.permute({1, 2, 4, 6, 8, 0, 3, 5, 7});
+    view.shape = {g.groups, columns, rows};
   }
-  const at::Tensor dy = dy5.unflatten(1, {groups, out_per_group});  // (N, g, O/g, Y0, Y1, Y2)
-  if (operands.channels_last_output) {
-    operands.grad_output = dy.permute({1, 0, 3, 4, 5, 2});
-    operands.grad_output_shape = {groups, rows, out_per_group};
-  } else {
-    operands.grad_output = dy.permute({1, 2, 0, 3, 4, 5});
-    operands.grad_output_shape = {groups, out_per_group, rows};
-  }
-  return operands;
+  return view;
 }
 
-bool is_view(const at::Tensor& permuted, const std::vector<int64_t>& shape) {
-  return at::detail::computeStride(permuted.sizes(), permuted.strides(), shape).has_value();
-}
-
-// `permuted` as a batch of matrices of `shape` in `dtype`: a view where its
-// strides allow, otherwise one copy in its dim order (converting as it goes).
-at::Tensor as_matrices(const at::Tensor& permuted, const std::vector<int64_t>& shape, at::ScalarType dtype) {
-  if (permuted.scalar_type() == dtype && is_view(permuted, shape)) return permuted.view(shape);
-  return at::empty(permuted.sizes(), permuted.options().dtype(dtype)).copy_(permuted).view(shape);
+// The output gradient, (N, g, O/g, Y0, Y1, Y2) permuted likewise.
+OperandView grad_output_of(const Problem& problem, const Geometry& g) {
+  const int64_t* step = g.grad_output_strides;  // (N, O, Y0, Y1, Y2)
+  const int64_t out_per_group = g.out_channels / g.groups;
+  OperandView view;
+  view.sizes = {g.batch, g.groups, out_per_group, g.out[0], g.out[1], g.out[2]};
+  view.strides = {step[0], out_per_group * step[1], step[1], step[2], step[3], step[4]};
+  view.offset = problem.grad_output.storage_offset();
+  const int64_t rows = g.batch * g.out_positions();
+  view.rows_first = g.out_channels > 1 && step[1] == 1;
+  if (view.rows_first) {
+    view.permute({1, 0, 3, 4, 5, 2});
+    view.shape = {g.groups, rows, out_per_group};
+  } else {
+    view.permute({1, 2, 0, 3, 4, 5});
+    view.shape = {g.groups, out_per_group, rows};
+  }
+  return view;
 }
 
 bool supports(const Problem& problem) {
@@ -115,14 +139,14 @@ bool supports(const Problem& problem) {
 
 at::Tensor run(const Problem& problem) {
   const Geometry g = geometry_of(problem);
-  const Operands operands = operands_of(problem, g);
+  const OperandView windows_view = windows_of(problem, g), grad_output_view = grad_output_of(problem, g);
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool into_float32 = multiplies_into_float32(problem.input);
   const at::ScalarType storage = into_float32 ? dtype : compute_dtype(dtype);
-  at::Tensor windows = as_matrices(operands.windows, operands.windows_shape, storage);
-  at::Tensor grad_output = as_matrices(operands.grad_output, operands.grad_output_shape, storage);
-  if (!operands.channels_last_input) windows = windows.transpose(1, 2);
-  if (operands.channels_last_output) grad_output = grad_output.transpose(1, 2);
+  at::Tensor windows = windows_view.matrices(problem.input, storage);
+  at::Tensor grad_output = grad_output_view.matrices(problem.grad_output, storage);
+  if (!windows_view.rows_first) windows = windows.transpose(1, 2);
+  if (grad_output_view.rows_first) grad_output = grad_output.transpose(1, 2);
   // (g, O/g, C/g * K) in float32 (float64)
   at::Tensor product;
   if (g.groups == 1) {
@@ -134,7 +158,7 @@ at::Tensor run(const Problem& problem) {
   const int64_t in_per_group = g.in_channels / g.groups;
   // (O, C/g, K0, K1, K2)
   at::Tensor canonical =
-      operands.channels_last_input
+      windows_view.rows_first
           ? product.view({g.out_channels, g.kernel[0], g.kernel[1], g.kernel[2], in_per_group}).permute({0, 4, 1, 2, 3})
           : product.view({g.out_channels, in_per_group, g.kernel[0], g.kernel[1], g.kernel[2]});
   for (int64_t lifted = 0; lifted < 3 - problem.spatial_rank(); ++lifted) canonical = canonical.squeeze(2);
@@ -156,22 +180,21 @@ at::Tensor run(const Problem& problem) {
 // benchmark's roofline's (400 TFLOP/s on square products), halved.
 double cost(const Problem& problem, const Geometry& g) {
   if (!problem.input.is_cuda()) return 1e30;
-  const Operands operands = operands_of(problem, g);
+  const OperandView windows = windows_of(problem, g), grad_output = grad_output_of(problem, g);
   const at::ScalarType dtype = problem.input.scalar_type();
   const double element_size = problem.input.element_size();
   const double stored_size = multiplies_into_float32(problem.input) ? element_size
                                                                      : c10::elementSize(compute_dtype(dtype));
   const double input_bytes = static_cast<double>(g.batch) * g.in_channels * g.in[0] * g.in[1] * g.in[2] * element_size;
-  const double windows_elements = static_cast<double>(operands.windows.numel());
-  const double grad_output_elements = static_cast<double>(operands.grad_output.numel());
+  const double windows_elements = windows.elements(), grad_output_elements = grad_output.elements();
   double copy_bytes = 0;
-  if (stored_size != element_size || !is_view(operands.windows, operands.windows_shape)) {
+  if (stored_size != element_size || !windows.is_matrices()) {
     // A channels-first gather with a stride reads every sector of the rows it
     // touches; windows that overlap read their shared input from cache.
-    const double spread = operands.channels_last_input ? 1.0 : std::min<double>(g.stride[2], 32.0 / element_size);
+    const double spread = windows.rows_first ? 1.0 : std::min<double>(g.stride[2], 32.0 / element_size);
     copy_bytes += std::min(input_bytes, windows_elements * element_size * spread) + windows_elements * stored_size;
   }
-  if (stored_size != element_size || !is_view(operands.grad_output, operands.grad_output_shape))
+  if (stored_size != element_size || !grad_output.is_matrices())
     copy_bytes += grad_output_elements * (element_size + stored_size);
   constexpr double kCopyBytesPerSecond = 1.4e12;
   constexpr double kReadBytesPerSecond = 2.4e12;
