@@ -40,6 +40,12 @@ extern const Algorithm kMatmulAlgorithm;           // matmul.cpp: one ATen matri
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// The dtype the algorithms accumulate a weight gradient in: float64 for
+// float64 data, float32 for everything else (f16/bf16 included).
+inline at::ScalarType accumulation_dtype(at::ScalarType dtype) {
+  return dtype == at::kDouble ? at::kDouble : at::kFloat;
+}
+
 // Concrete (non-symbolic) sizes of a problem lifted to three spatial axes
 // (missing leading axes have size 1, kernel 1, stride 1, no padding), the
 // form the hand-written algorithms work on.

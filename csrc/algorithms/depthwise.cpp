@@ -91,7 +91,7 @@ at::Tensor run_depthwise_tasks(const Problem& problem, const Geometry& geometry,
   const int64_t channels = geometry.in_channels;
   // Each output channel's weights: its group's input channels times the taps.
   const int64_t weights = depthwise_group_channels(problem) * geometry.taps();
-  const auto acc_dtype = problem.input.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const auto acc_dtype = accumulation_dtype(problem.input.scalar_type());
   const auto acc_options = problem.input.options().dtype(acc_dtype);
 
   const bool no_windows = geometry.out[0] == 0 || geometry.out[1] == 0 || geometry.out[2] == 0;

@@ -93,7 +93,7 @@ at::Tensor run(const Problem& problem) {
   const auto dtype = problem.input.scalar_type();
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const at::Tensor acc = at::empty({g.groups, g.kernel[0], g.kernel[1], g.kernel[2], in_per_group, out_per_group},
-                                   problem.input.options().dtype(dtype == at::kDouble ? at::kDouble : at::kFloat));
+                                   problem.input.options().dtype(accumulation_dtype(dtype)));
   const void* input = problem.input.const_data_ptr();
   const void* grad_output = problem.grad_output.const_data_ptr();
   switch (dtype) {

@@ -264,8 +264,6 @@ at::Tensor grad_output_rows(const at::Tensor& dy5, const Layout& layout, at::Sca
   return packed.flatten(1, 3);
 }
 
-at::ScalarType compute_dtype(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
-
 TapElement tap_element(at::ScalarType dtype) {
   return dtype == at::kHalf ? TapElement::Half : dtype == at::kBFloat16 ? TapElement::BFloat16 : TapElement::Float;
 }
@@ -297,7 +295,7 @@ at::Tensor run(const Problem& problem) {
   const Geometry g = geometry_of(problem);
   const Layout layout = plan(g);
   const auto& plans = layout.plans;
-  const at::ScalarType dtype = compute_dtype(problem.input.scalar_type());
+  const at::ScalarType dtype = accumulation_dtype(problem.input.scalar_type());
   const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
   // The fused kernel reads f16/bf16 as they are; for BLAS they are converted,
   // as they are packed or, where BLAS reads the caller's data in place, a
@@ -424,7 +422,7 @@ double cost(const Problem& problem, const Geometry& g) {
   const double rows = static_cast<double>(g.out[1]) * g.out[2];
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool fused = fused_kernel_reads_rows(problem, layout, g);
-  const bool converts = !fused && dtype != compute_dtype(dtype);
+  const bool converts = !fused && dtype != accumulation_dtype(dtype);
   const bool packs_input = !layout.direct || converts;
   const bool packs_dy = packs_grad_output(problem, layout, fused);
   const bool input_channels_last = problem.input.stride(1) == 1;

@@ -45,8 +45,6 @@ bool multiplies_into_float32(const at::Tensor& data) {
   return data.is_cuda() && at::isReducedFloatingType(data.scalar_type());
 }
 
-at::ScalarType compute_dtype(at::ScalarType dtype) { return dtype == at::kDouble ? at::kDouble : at::kFloat; }
-
 // One operand as a strided view of the caller's data, its dims in the order
 // its matrices take: (g, rows, columns) or (g, columns, rows), rows being the
 // (N, Y..) axes the product sums over. Plain sizes and strides, so that the
@@ -142,7 +140,7 @@ at::Tensor run(const Problem& problem) {
   const OperandView windows_view = windows_of(problem, g), grad_output_view = grad_output_of(problem, g);
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool into_float32 = multiplies_into_float32(problem.input);
-  const at::ScalarType storage = into_float32 ? dtype : compute_dtype(dtype);
+  const at::ScalarType storage = into_float32 ? dtype : accumulation_dtype(dtype);
   at::Tensor windows = windows_view.matrices(problem.input, storage);
   at::Tensor grad_output = grad_output_view.matrices(problem.grad_output, storage);
   if (!windows_view.rows_first) windows = windows.transpose(1, 2);
@@ -184,7 +182,7 @@ double cost(const Problem& problem, const Geometry& g) {
   const at::ScalarType dtype = problem.input.scalar_type();
   const double element_size = problem.input.element_size();
   const double stored_size = multiplies_into_float32(problem.input) ? element_size
-                                                                     : c10::elementSize(compute_dtype(dtype));
+                                                                     : c10::elementSize(accumulation_dtype(dtype));
   const double input_bytes = static_cast<double>(g.batch) * g.in_channels * g.in[0] * g.in[1] * g.in[2] * element_size;
   const double windows_elements = windows.elements(), grad_output_elements = grad_output.elements();
   double copy_bytes = 0;
