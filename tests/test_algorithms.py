@@ -167,6 +167,40 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
+# Where gemm packs an operand and every thread has a sample, each thread packs
+# and multiplies its own run of samples into a partial sum: runs of unequal
+# length (5 samples on 2 and 3 threads), groups, a strided axis whose phases
+# share a plane (packed from channels-first data), the output gradient packed
+# alone (channels-first, no padding), and one thread, which packs every
+# sample at once.
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", [
+    dict(kernel=(3, 3), attributes=dict(strides=2, pads_begin=1, pads_end=2), groups=1, data_format="NXC"),
+    dict(kernel=(3, 3), attributes=dict(pads_begin=1, pads_end=1), groups=2, data_format="NCX"),
+    dict(kernel=(1, 4), attributes=dict(strides=(1, 2)), groups=1, data_format="NCX"),
+], ids=["padded-NXC", "groups-NCX", "unpadded-NCX"])
+def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
+    n, c, o, size = 5, 8, 6, (9, 10)
+    kernel, groups, data_format = case["kernel"], case["groups"], case["data_format"]
+    attributes = dict(case["attributes"], groups=groups, data_format=data_format, filter_format="OIX")
+    s = attributes.get("strides", 1)
+    s = [s, s] if isinstance(s, int) else list(s)
+    pb, pe = attributes.get("pads_begin", 0), attributes.get("pads_end", 0)
+    out = [(x + pb + pe - k) // ss + 1 for x, k, ss in zip(size, kernel, s)]
+    x = rand(data_shape(n, c, size, data_format), dtype, seed=27)
+    dy = rand(data_shape(n, o, out, data_format), dtype, seed=28)
+    shape = [o, c // groups, *kernel]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        result, ran = run("gemm", x, dy, shape, attributes)
+    finally:
+        torch.set_num_threads(before)
+    assert ran == "gemm"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
+
+
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_gemm_results_outlive_its_scratch_buffers(data_format):
     # gemm packs its operands into per-thread buffers that the next call reuses.
