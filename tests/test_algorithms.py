@@ -171,15 +171,17 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
 # and multiplies its own run of samples into a partial sum: runs of unequal
 # length (5 samples on 2 and 3 threads), groups, a strided axis whose phases
 # share a plane (packed from channels-first data), the output gradient packed
-# alone (channels-first, no padding), and one thread, which packs every
-# sample at once.
+# alone (channels-first, no padding), a stride-2 1x1 layer's phase plane
+# (channels-first: BLAS multiplies it), float64 (BLAS throughout), and one
+# thread, which packs every sample at once.
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("case", [
     dict(kernel=(3, 3), attributes=dict(strides=2, pads_begin=1, pads_end=2), groups=1, data_format="NXC"),
     dict(kernel=(3, 3), attributes=dict(pads_begin=1, pads_end=1), groups=2, data_format="NCX"),
     dict(kernel=(1, 4), attributes=dict(strides=(1, 2)), groups=1, data_format="NCX"),
-], ids=["padded-NXC", "groups-NCX", "unpadded-NCX"])
+    dict(kernel=(1, 1), attributes=dict(strides=2), groups=1, data_format="NCX"),
+], ids=["padded-NXC", "groups-NCX", "unpadded-NCX", "1x1-stride-2-NCX"])
 def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     n, c, o, size = 5, 8, 6, (9, 10)
     kernel, groups, data_format = case["kernel"], case["groups"], case["data_format"]

@@ -294,28 +294,49 @@ constexpr int64_t kRowsPerProduct = 8192;
 
 // Whether run() packs and multiplies each thread's own samples (into a
 // partial sum per thread) rather than packing all samples, then splitting
-// the products' outputs between the threads: every thread then reads only
-// copies it wrote itself, from its own cache. Read across cores instead,
-// freshly written lines made the fused kernel 1.5x slower (audio NCX f32,
-// 3.45 -> 2.42 ms; 3x3 64ch NCX 7.2 -> 6.3, Xeon, 2 threads). Only where
-// something is packed, for the fused kernel, and with a sample per thread.
-// The partial sums are added in a fixed order: deterministic for a thread
-// count, as the depthwise kernels are.
+// the products between the threads: every thread then reads only copies it
+// wrote itself, from its own cache. Read across cores instead, freshly
+// written lines made the fused kernel 1.5x slower (audio NCX f32, 3.45 ->
+// 2.42 ms; 3x3 64ch NCX 7.2 -> 6.3) and BLAS 1.08x (stride-2 1x1 NCX, 6.04
+// -> 5.58; Xeon, 2 threads). Only where something is packed, and with a
+// sample per thread. The partial sums are added in a fixed order:
+// deterministic for a thread count, as the depthwise kernels are.
 bool multiplies_by_samples(const Layout& layout, const Geometry& g, bool fused_rows, bool packs_dy) {
   const int64_t threads = at::get_num_threads();
-  const bool swaps = g.taps() == 1 && g.in_channels < g.out_channels;  // run()'s other operand order
-  return fused_rows && !swaps && (!layout.direct || packs_dy) && threads > 1 && g.batch >= threads &&
-         !at::in_parallel_region();
+  const bool swaps = fused_rows && g.taps() == 1 && g.in_channels < g.out_channels;  // run()'s other operand order
+  return !swaps && (!layout.direct || packs_dy) && threads > 1 && g.batch >= threads && !at::in_parallel_region();
+}
+
+// Where each tap reads the planes: its phase plane, its row offset in it and
+// its first column.
+struct TapPlacement {
+  std::vector<int64_t> plane, offset, column;
+};
+
+TapPlacement place_taps(const Layout& layout, const Geometry& g) {
+  const auto& plans = layout.plans;
+  const int64_t pitch1 = plans[2].length, pitch0 = plans[1].length * pitch1;
+  const int64_t plane_counts[2] = {static_cast<int64_t>(plans[1].phase.size()),
+                                   static_cast<int64_t>(plans[2].phase.size())};
+  TapPlacement taps;
+  for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
+    for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
+      for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
+        taps.plane.push_back((plans[0].tap_plane[k0] * plane_counts[0] + plans[1].tap_plane[k1]) * plane_counts[1] +
+                             plans[2].tap_plane[k2]);
+        taps.offset.push_back(plans[0].tap_offset[k0] * pitch0 + plans[1].tap_offset[k1] * pitch1 +
+                              plans[2].tap_offset[k2]);
+        taps.column.push_back(plans[2].tap_column[k2] * g.in_channels);
+      }
+  return taps;
 }
 
 // The fused kernel's offset of each tap's first element in `planes` (P, N,
-// rows, C * interleave): its phase plane, row and column.
-std::vector<int64_t> fused_offsets_of(const at::Tensor& planes, const std::vector<int64_t>& tap_planes,
-                                      const std::vector<int64_t>& tap_offsets,
-                                      const std::vector<int64_t>& tap_columns) {
+// rows, C * interleave).
+std::vector<int64_t> fused_offsets_of(const at::Tensor& planes, const TapPlacement& taps) {
   std::vector<int64_t> offsets;
-  for (size_t tap = 0; tap < tap_offsets.size(); ++tap)
-    offsets.push_back(tap_planes[tap] * planes.stride(0) + tap_offsets[tap] * planes.stride(2) + tap_columns[tap]);
+  for (size_t tap = 0; tap < taps.offset.size(); ++tap)
+    offsets.push_back(taps.plane[tap] * planes.stride(0) + taps.offset[tap] * planes.stride(2) + taps.column[tap]);
   return offsets;
 }
 
@@ -334,6 +355,35 @@ void fused_products(const at::Tensor& planes, const at::Tensor& grad_output, int
                  in_per_group, out_per_group, out[group].mutable_data_ptr<float>(), accumulate);
 }
 
+// The same through BLAS in `dtype`, for `count` samples from `first`.
+// Operands in another dtype are converted a block of samples at a time: a
+// whole-tensor conversion would write fresh memory and fault in every page
+// of it (1x1 64->256 NCX f16 took 7.1 ms so, 4.1 converted a sample at a
+// time; N=8, 56x56, 2 threads).
+void blas_products(const at::Tensor& planes, const at::Tensor& grad_output, int64_t first, int64_t count,
+                   int64_t product_rows, const TapPlacement& taps, const Geometry& g, at::ScalarType dtype,
+                   const at::Tensor& out, bool accumulate) {
+  const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
+  const auto block = [&](const at::Tensor& per_sample, int64_t dim) {
+    return per_sample.narrow(dim, first, count).to(dtype);
+  };
+  // (count * plane rows, channels) matrices
+  const at::Tensor b = block(grad_output, 0).flatten(0, 1).narrow(0, 0, product_rows);
+  const at::Tensor plane_block = block(planes, 1);
+  for (int64_t tap = 0; tap < g.taps(); ++tap) {
+    const at::Tensor a = plane_block[taps.plane[tap]].flatten(0, 1).narrow(0, taps.offset[tap], product_rows);
+    for (int64_t group = 0; group < g.groups; ++group) {
+      at::Tensor tap_out = out[group][tap];
+      const at::Tensor a_group = a.narrow(1, taps.column[tap] + group * in_per_group, in_per_group).t();
+      const at::Tensor b_group = b.narrow(1, group * out_per_group, out_per_group);
+      if (accumulate)
+        tap_out.addmm_(a_group, b_group);
+      else
+        at::mm_out(tap_out, a_group, b_group);
+    }
+  }
+}
+
 at::Tensor run(const Problem& problem) {
   const Geometry g = geometry_of(problem);
   const Layout layout = plan(g);
@@ -346,23 +396,15 @@ at::Tensor run(const Problem& problem) {
   const bool fused_rows = fused_kernel_reads_rows(problem, layout, g);
   const at::ScalarType storage = fused_rows ? problem.input.scalar_type() : dtype;
   const bool packs_dy = packs_grad_output(problem, layout, fused_rows);
-
-  const int64_t pitch1 = plans[2].length, pitch0 = plans[1].length * pitch1;
   // The flat rows of one sample's output gradient that hold windows.
+  const int64_t pitch1 = plans[2].length, pitch0 = plans[1].length * pitch1;
   const int64_t rows = (g.out[0] - 1) * pitch0 + (g.out[1] - 1) * pitch1 + g.out[2];
-  // Each tap's phase plane, row offset in it and first column.
-  const int64_t plane_counts[2] = {static_cast<int64_t>(plans[1].phase.size()),
-                                   static_cast<int64_t>(plans[2].phase.size())};
-  std::vector<int64_t> tap_planes, tap_offsets, tap_columns;
-  for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0)
-    for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1)
-      for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
-        tap_planes.push_back((plans[0].tap_plane[k0] * plane_counts[0] + plans[1].tap_plane[k1]) * plane_counts[1] +
-                             plans[2].tap_plane[k2]);
-        tap_offsets.push_back(plans[0].tap_offset[k0] * pitch0 + plans[1].tap_offset[k1] * pitch1 +
-                              plans[2].tap_offset[k2]);
-        tap_columns.push_back(plans[2].tap_column[k2] * g.in_channels);
-      }
+  const TapPlacement placement = place_taps(layout, g);
+  // The fused kernel computes every tap at once from row-major operands; BLAS
+  // takes the rest (float64, channels-first operands, other devices).
+  const auto fused_reads = [&](const at::Tensor& planes, const at::Tensor& grad_output) {
+    return fused_rows && planes.stride(3) == 1 && grad_output.stride(2) == 1;
+  };
 
   const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
   at::Tensor taps = at::empty({groups, g.taps(), in_per_group, out_per_group}, x5.options().dtype(dtype));
@@ -380,8 +422,12 @@ at::Tensor run(const Problem& problem) {
           const at::Tensor x_n = x5.narrow(0, n, 1), dy_n = dy5.narrow(0, n, 1);
           const at::Tensor planes = layout.direct ? input_rows(x_n, layout) : pack_input(x_n, plans, storage, sample);
           const at::Tensor grad_output = grad_output_rows(dy_n, layout, storage, sample, packs_dy);
-          fused_products(planes, grad_output, 0, rows, fused_offsets_of(planes, tap_planes, tap_offsets, tap_columns),
-                         g, partials[part], /*accumulate=*/n != first);
+          if (fused_reads(planes, grad_output))
+            fused_products(planes, grad_output, 0, rows, fused_offsets_of(planes, placement), g, partials[part],
+                           /*accumulate=*/n != first);
+          else
+            blas_products(planes, grad_output, 0, 1, rows, placement, g, dtype, partials[part],
+                          /*accumulate=*/n != first);
         }
       }
     });
@@ -392,11 +438,7 @@ at::Tensor run(const Problem& problem) {
   // (planes, N, rows, C) and (N, rows, O)
   const at::Tensor planes = layout.direct ? input_rows(x5, layout) : pack_input(x5, plans, storage, g);
   const at::Tensor grad_output = grad_output_rows(dy5, layout, storage, g, packs_dy);
-  // The fused kernel computes every tap at once from row-major operands; BLAS
-  // takes the rest (float64, channels-first operands, other devices).
-  const int64_t lda = planes.stride(2);
-  const bool fused = fused_rows && planes.stride(3) == 1 && grad_output.stride(2) == 1;
-
+  const bool fused = fused_reads(planes, grad_output);
   const int64_t plane_rows = planes.size(2);
   // Samples multiply together when both operands step from one sample to the
   // next by exactly one plane.
@@ -410,7 +452,7 @@ at::Tensor run(const Problem& problem) {
   // and fewer input channels than output ones, the output gradient is A.
   const bool swaps = fused && g.taps() == 1 && in_per_group < out_per_group;
   const at::Tensor swapped = swaps ? at::empty({groups, out_per_group, in_per_group}, taps.options()) : at::Tensor();
-  const std::vector<int64_t> fused_offsets = fused_offsets_of(planes, tap_planes, tap_offsets, tap_columns);
+  const std::vector<int64_t> fused_offsets = fused_offsets_of(planes, placement);
 
   for (int64_t first = 0; first < g.batch; first += samples_per_product) {
     const int64_t count = std::min(samples_per_product, g.batch - first);
@@ -421,35 +463,14 @@ at::Tensor run(const Problem& problem) {
       const auto* b = static_cast<const char*>(grad_output.const_data_ptr()) + first * grad_output.stride(0) * size;
       for (int64_t group = 0; group < groups; ++group)
         tap_products(tap_element(storage), b + group * out_per_group * size, grad_output.stride(1),
-                     a + (group * in_per_group + fused_offsets[0]) * size, lda, product_rows, &no_offset, 1,
-                     out_per_group, in_per_group, swapped[group].mutable_data_ptr<float>(),
+                     a + (group * in_per_group + fused_offsets[0]) * size, planes.stride(2), product_rows,
+                     &no_offset, 1, out_per_group, in_per_group, swapped[group].mutable_data_ptr<float>(),
                      /*accumulate=*/first != 0);
-      continue;
-    }
-    if (fused) {
+    } else if (fused) {
       fused_products(planes, grad_output, first, product_rows, fused_offsets, g, taps, /*accumulate=*/first != 0);
-      continue;
-    }
-    // (count * plane_rows, channels) matrices starting at sample `first`, in
-    // the compute dtype. A whole-tensor conversion would write fresh memory
-    // and fault in every page of it: 1x1 64->256 NCX f16 took 7.1 ms so,
-    // 4.1 converted a sample at a time (N=8, 56x56, 2 threads).
-    const auto block = [&](const at::Tensor& per_sample, int64_t dim) {
-      return per_sample.narrow(dim, first, count).to(dtype);
-    };
-    const at::Tensor b = block(grad_output, 0).flatten(0, 1).narrow(0, 0, product_rows);
-    const at::Tensor plane_block = block(planes, 1);
-    for (int64_t tap = 0; tap < g.taps(); ++tap) {
-      const at::Tensor a = plane_block[tap_planes[tap]].flatten(0, 1).narrow(0, tap_offsets[tap], product_rows);
-      for (int64_t group = 0; group < groups; ++group) {
-        at::Tensor out = taps[group][tap];
-        const at::Tensor a_group = a.narrow(1, tap_columns[tap] + group * in_per_group, in_per_group).t();
-        const at::Tensor b_group = b.narrow(1, group * out_per_group, out_per_group);
-        if (first == 0)
-          at::mm_out(out, a_group, b_group);
-        else
-          out.addmm_(a_group, b_group);
-      }
+    } else {
+      blas_products(planes, grad_output, first, count, product_rows, placement, g, dtype, taps,
+                    /*accumulate=*/first != 0);
     }
   }
   if (swaps) taps.copy_(swapped.transpose(1, 2).unsqueeze(1));
