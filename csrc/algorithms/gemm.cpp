@@ -560,7 +560,9 @@ double cost(const Problem& problem, const Geometry& g) {
     seconds += g.groups * rows_read * (lines(in_per_group) + lines(out_per_group)) * kLine / kLineBytesPerSecond;
   }
   if (!fused) {
-    const bool samples_flatten = input_channels_last || packs_input;
+    // Each thread's own samples are multiplied one at a time.
+    const bool samples_flatten =
+        (input_channels_last || packs_input) && !multiplies_by_samples(layout, g, fused, packs_dy);
     const double products_per_tap =
         samples_flatten ? std::ceil(g.batch * padded_rows * g.out[0] / kRowsPerProduct) : g.batch;
     seconds += static_cast<double>(g.taps()) * g.groups * products_per_tap * 4e-6;
