@@ -11,7 +11,6 @@
 #include "scratch.h"
 
 #include <ATen/Context.h>
-#include <ATen/ExpandUtils.h>
 #include <ATen/native/ConvUtils.h>
 #include <ATen/Version.h>
 #include <ATen/ops/convolution_backward.h>
@@ -90,18 +89,6 @@ bool accumulates_in_float32(const at::Tensor& input, const at::Tensor& weight, c
     default:
       return false;
   }
-}
-
-// A float32 copy of `tensor`, its dims in the same memory order. On the CPU
-// it lives in this thread's scratch buffer for `slot` (scratch.h), which ATen
-// reads only during the call: a fresh buffer of a few megabytes costs a page
-// fault per 4 KiB on every call.
-at::Tensor float32_copy(const at::Tensor& tensor, ScratchSlot slot) {
-  if (!tensor.is_cpu()) return tensor.to(at::kFloat);
-  const at::Tensor copy = scratch_tensor(slot, {tensor.numel()}, tensor.options().dtype(at::kFloat))
-                              .as_strided(tensor.sizes(), at::infer_dense_strides(tensor.sizes(), tensor.strides()));
-  copy.copy_(tensor);
-  return copy;
 }
 
 // The permutation of NXC memory into NCX dims.

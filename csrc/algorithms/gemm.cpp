@@ -356,20 +356,25 @@ void fused_products(const at::Tensor& planes, const at::Tensor& grad_output, int
 }
 
 // The same through BLAS in `dtype`, for `count` samples from `first`.
-// Operands in another dtype are converted a block of samples at a time: a
-// whole-tensor conversion would write fresh memory and fault in every page
-// of it (1x1 64->256 NCX f16 took 7.1 ms so, 4.1 converted a sample at a
-// time; N=8, 56x56, 2 threads).
+// Operands in another dtype are converted a block of samples at a time,
+// into this thread's scratch buffers: a whole-tensor conversion would write
+// fresh memory and fault in every page of it (1x1 64->256 NCX f16 took
+// 7.1 ms so, 4.1 converted a sample at a time; N=8, 56x56, 2 threads), and
+// a fresh block per call 1.03-1.04x more than the scratch (f16 NCX 1x1).
 void blas_products(const at::Tensor& planes, const at::Tensor& grad_output, int64_t first, int64_t count,
                    int64_t product_rows, const TapPlacement& taps, const Geometry& g, at::ScalarType dtype,
                    const at::Tensor& out, bool accumulate) {
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
-  const auto block = [&](const at::Tensor& per_sample, int64_t dim) {
-    return per_sample.narrow(dim, first, count).to(dtype);
+  const auto block = [&](const at::Tensor& per_sample, int64_t dim, ScratchSlot slot) {
+    const at::Tensor samples = per_sample.narrow(dim, first, count);
+    return samples.scalar_type() == dtype ? samples : float32_copy(samples, slot);
   };
-  // (count * plane rows, channels) matrices
-  const at::Tensor b = block(grad_output, 0).flatten(0, 1).narrow(0, 0, product_rows);
-  const at::Tensor plane_block = block(planes, 1);
+  // (count * plane rows, channels) matrices. The copies take slots that the
+  // packing does not: an operand packed in f16/bf16 for the fused kernel
+  // (planes it cannot read: fused_reads) is converted from its own slot.
+  const at::Tensor b =
+      block(grad_output, 0, ScratchSlot::VnniPanel).flatten(0, 1).narrow(0, 0, product_rows);
+  const at::Tensor plane_block = block(planes, 1, ScratchSlot::StagedOperand);
   for (int64_t tap = 0; tap < g.taps(); ++tap) {
     const at::Tensor a = plane_block[taps.plane[tap]].flatten(0, 1).narrow(0, taps.offset[tap], product_rows);
     for (int64_t group = 0; group < g.groups; ++group) {

@@ -1,5 +1,6 @@
 #include "scratch.h"
 
+#include <ATen/ExpandUtils.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -39,6 +40,14 @@ at::Tensor scratch_tensor(ScratchSlot slot, at::IntArrayRef sizes, const at::Ten
     buffer.bytes = bytes;
   }
   return at::from_blob(buffer.data.get(), sizes, options);
+}
+
+at::Tensor float32_copy(const at::Tensor& tensor, ScratchSlot slot) {
+  if (!tensor.is_cpu()) return tensor.to(at::kFloat);
+  const at::Tensor copy = scratch_tensor(slot, {tensor.numel()}, tensor.options().dtype(at::kFloat))
+                              .as_strided(tensor.sizes(), at::infer_dense_strides(tensor.sizes(), tensor.strides()));
+  copy.copy_(tensor);
+  return copy;
 }
 
 }  // namespace torch_convgrad

@@ -18,4 +18,9 @@ enum class ScratchSlot { PackedInput, PackedGradOutput, StagedOperand, VnniPanel
 // be returned or kept. Elsewhere, or larger, it is a plain new tensor.
 at::Tensor scratch_tensor(ScratchSlot slot, at::IntArrayRef sizes, const at::TensorOptions& options);
 
+// A float32 copy of `tensor`, its dims in the same memory order, in this
+// thread's buffer for `slot` on the CPU (the same lifetime), a new tensor
+// elsewhere. For the float32 products of f16/bf16 data.
+at::Tensor float32_copy(const at::Tensor& tensor, ScratchSlot slot);
+
 }  // namespace torch_convgrad
