@@ -292,6 +292,11 @@ bool packs_grad_output(const Problem& problem, const Layout& layout, bool fused)
 // their rows are contiguous (BLAS runs best at a few thousand rows).
 constexpr int64_t kRowsPerProduct = 8192;
 
+// Whether the fused kernel takes the output gradient as its first operand:
+// it packs B's rows once for every tile of A's, so with one tap and fewer
+// input channels than output ones the output gradient is A.
+bool fused_swaps_operands(const Geometry& g) { return g.taps() == 1 && g.in_channels < g.out_channels; }
+
 // Whether run() packs and multiplies each thread's own samples (into a
 // partial sum per thread) rather than packing all samples, then splitting
 // the products between the threads: every thread then reads only copies it
@@ -303,8 +308,8 @@ constexpr int64_t kRowsPerProduct = 8192;
 // deterministic for a thread count, as the depthwise kernels are.
 bool multiplies_by_samples(const Layout& layout, const Geometry& g, bool fused_rows, bool packs_dy) {
   const int64_t threads = at::get_num_threads();
-  const bool swaps = fused_rows && g.taps() == 1 && g.in_channels < g.out_channels;  // run()'s other operand order
-  return !swaps && (!layout.direct || packs_dy) && threads > 1 && g.batch >= threads && !at::in_parallel_region();
+  return !(fused_rows && fused_swaps_operands(g)) && (!layout.direct || packs_dy) && threads > 1 &&
+         g.batch >= threads && !at::in_parallel_region();
 }
 
 // Where each tap reads the planes: its phase plane, its row offset in it and
@@ -360,7 +365,7 @@ void fused_products(const at::Tensor& planes, const at::Tensor& grad_output, int
 // into this thread's scratch buffers: a whole-tensor conversion would write
 // fresh memory and fault in every page of it (1x1 64->256 NCX f16 took
 // 7.1 ms so, 4.1 converted a sample at a time; N=8, 56x56, 2 threads), and
-// a fresh block per call 1.03-1.04x more than the scratch (f16 NCX 1x1).
+// fresh blocks took 3-4% longer than reused ones (f16 NCX 1x1).
 void blas_products(const at::Tensor& planes, const at::Tensor& grad_output, int64_t first, int64_t count,
                    int64_t product_rows, const TapPlacement& taps, const Geometry& g, at::ScalarType dtype,
                    const at::Tensor& out, bool accumulate) {
@@ -453,9 +458,7 @@ at::Tensor run(const Problem& problem) {
   const int64_t samples_per_product =
       samples_flatten ? std::max<int64_t>(1, kRowsPerProduct / std::max<int64_t>(plane_rows, 1)) : 1;
 
-  // The fused kernel packs B's rows once for every tile of A's: with one tap
-  // and fewer input channels than output ones, the output gradient is A.
-  const bool swaps = fused && g.taps() == 1 && in_per_group < out_per_group;
+  const bool swaps = fused && fused_swaps_operands(g);
   const at::Tensor swapped = swaps ? at::empty({groups, out_per_group, in_per_group}, taps.options()) : at::Tensor();
   const std::vector<int64_t> fused_offsets = fused_offsets_of(planes, placement);
 
