@@ -565,6 +565,59 @@ def test_amx_folds_the_taps_of_1d_windows(case, data_format):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), torch.bfloat16)
 
 
+# Windows over several output rows whose last axis reads no padding, dilation
+# 1: amx folds that axis's taps into B's rows and multiplies every tap of the
+# other axes by the same A, B's rows gathered by address (zeros where a window
+# lies in the padding of the first axes). Every pair of layouts: a
+# channels-first input is transposed a sample at a time, a channels-last
+# output gradient a panel at a time. Rows with an odd count of positions
+# (pairs straddle them), several panels a sample, B's columns in blocks of
+# 512, columns split between the threads, a strided 1x1 layer, and 3-D.
+AMX_WINDOW_CASES = {
+    # name: (n, c, o, size, kernel, attributes)
+    "kernel-equals-stride": (2, 16, 24, (12, 14), (2, 2), dict(strides=2)),
+    "strided-1x1": (3, 40, 24, (13, 14), (1, 1), dict(strides=2)),
+    "padded-dilated-outer-axis": (2, 8, 12, (9, 20), (3, 4), dict(strides=(2, 3), pads_begin=(2, 0),
+                                                                  pads_end=(1, 0), dilations=(2, 1))),
+    "odd-rows": (2, 6, 10, (7, 15), (2, 3), dict(strides=(1, 2))),
+    "panels": (1, 8, 16, (40, 60), (2, 2), dict(strides=(1, 2))),
+    "column-blocks": (2, 300, 16, (6, 8), (2, 2), dict(strides=2)),
+    "split-columns": (1, 300, 40, (4, 6), (1, 3), dict(strides=(1, 3))),
+    "3-D": (2, 6, 8, (4, 6, 8), (2, 2, 2), dict(strides=2, pads_begin=(1, 0, 0), pads_end=(1, 0, 0))),
+}
+
+
+@pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+@pytest.mark.parametrize("layouts", [("channels_last", "channels_last"), ("contiguous", "channels_last"),
+                                     ("channels_last", "contiguous"), ("contiguous", "contiguous")])
+@pytest.mark.parametrize("case", list(AMX_WINDOW_CASES))
+def test_amx_folds_the_last_axis_of_windows(case, layouts):
+    n, c, o, size, kernel, attributes = AMX_WINDOW_CASES[case]
+    rank = len(size)
+    expand = lambda value: [value] * rank if isinstance(value, int) else list(value)
+    s, d = expand(attributes.get("strides", 1)), expand(attributes.get("dilations", 1))
+    pb, pe = expand(attributes.get("pads_begin", 0)), expand(attributes.get("pads_end", 0))
+    out = [(x + b + e - (k - 1) * dd - 1) // ss + 1 for x, b, e, k, dd, ss in zip(size, pb, pe, kernel, d, s)]
+    x = rand(data_shape(n, c, size, "NCX"), torch.bfloat16, seed=31, layout=layouts[0])
+    dy = rand(data_shape(n, o, out, "NCX"), torch.bfloat16, seed=32, layout=layouts[1])
+    attributes = dict(attributes, data_format="NCX", filter_format="OIX")
+    result, ran = run("amx", x, dy, [o, c, *kernel], attributes)
+    assert ran == "amx"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [o, c, *kernel], **attributes), torch.bfloat16)
+
+
+@pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+def test_bf16_channels_last_transposed_2x2_goes_to_amx():
+    """U-Net's channels-last transposed 2x2 layer in bf16 ran 1.2x faster on amx's windows than in
+    oneDNN (0.48 ms against 0.58, Sapphire Rapids, 2 threads)."""
+    x = rand(data_shape(8, 128, (28, 28), "NXC"), torch.bfloat16, seed=33)
+    dy = rand(data_shape(8, 64, (56, 56), "NXC"), torch.bfloat16, seed=34)
+    with torch_convgrad.use_algorithm(None):
+        torch_convgrad.conv_transpose_backprop_filters(x, dy, [128, 64, 2, 2], strides=2, data_format="NXC",
+                                                       filter_format="IOX")
+        assert torch_convgrad.last_algorithm() == "amx"
+
+
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_bf16_1d_front_end_goes_to_amx(data_format):

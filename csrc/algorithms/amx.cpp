@@ -12,8 +12,8 @@
 // one copied. oneDNN's own bf16 weight gradient on channels-first data ran at
 // 105-305 GMAC/s on the benchmark's 1x1 layers, this at 400-610 (Sapphire
 // Rapids, 2 cores). Channels-last 1x1 layers, which have no such rows, and
-// 1-D layers whose taps fold into one product take the rows path (Rows,
-// run_rows).
+// layers whose windows along the last axis fold into B's rows take the rows
+// path (Rows, run_rows).
 #include "algorithm.h"
 #include "scratch.h"
 #include "tap_gemm.h"
@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace torch_convgrad {
 namespace {
@@ -71,28 +72,36 @@ int64_t row_stride(int64_t batch, int64_t channels, const int64_t (&spatial)[3],
 // The rows path, for layers whose operands have no rows of contiguous
 // positions (channels-last data) or whose taps fold into B's rows:
 //
-//     C (m x n) += A (m x k) @ B (k x n) for every sample,
+//     C[t] (m x n) += A (m x k) @ B[t] (k x n) for every sample and outer tap t,
 //
-// where B's k rows of n elements lie b_ld apart, in place or, for a
+// where B[t]'s k rows of n elements lie anywhere (pairs of them are
+// interleaved through a list of their addresses), in place or, for a
 // channels-first input, in a channels-last copy of the sample; A is read in
 // place as m rows of k contiguous elements, or transposed panel by panel
-// from k rows of m channels. B's pairs of rows are interleaved.
+// from k rows of m channels.
 //   - A channels-last 1x1, stride-1, unpadded layer: both operands are
 //     (samples x positions) x channels rows, one sample; the one with fewer
 //     channels is A.
-//   - A 1-D layer whose windows read no padding, dilation 1 (an audio front
-//     end): window j reads input pixels [j * s, j * s + K), K * C contiguous
-//     elements of channels-last data, so B's row j is that run (rows s * C
-//     apart, overlapping) and every tap's product is one column block of C =
-//     grad_output^T (O x Y) @ B.
+//   - A layer whose windows along the last axis read no padding, dilation 1
+//     (an audio front end, a transposed convolution whose kernel equals its
+//     stride, a strided 1x1 layer): the window of output position (j0, j1,
+//     j2) and taps (t0, t1) reads input pixels (j0 * s0 + t0 * d0 - p0, j1 *
+//     s1 + t1 * d1 - p1, [j2 * s2, j2 * s2 + K2)), K2 * C contiguous elements
+//     of channels-last data: B[t]'s row for that position (zeros where the
+//     pixel lies in the padding of the first two axes). The taps of the last
+//     axis fold into one product, a column block of C[t] = grad_output^T (O x
+//     Y) @ B[t] each; the outer taps (t0, t1) are K0 * K1 products sharing A.
 struct Rows {
   bool supported = false;
   bool a_is_grad_output = false;
   bool a_transposed = true;  // A as k rows of m channels (else m rows of k)
   bool b_staged = false;     // B from a channels-last copy of a channels-first input
-  int64_t folded_taps = 1;   // taps side by side in B's rows
+  bool windows = false;      // B's rows are windows (else position r's row is r * b_ld in)
+  int64_t folded_taps = 1;   // taps along the last axis side by side in B's rows
+  int64_t outer_taps = 1;    // taps along the other axes: a product each
   int64_t samples = 1, k = 0, m = 0, n = 0;
   int64_t a_ld = 0, a_sample = 0, b_ld = 0, b_sample = 0;
+  int64_t b_pixel[3] = {0, 0, 0};  // windows: elements between B's input pixels along each axis
 };
 
 Rows rows_of(const Geometry& g) {
@@ -111,27 +120,30 @@ Rows rows_of(const Geometry& g) {
     rows.b_ld = rows.a_is_grad_output ? x_ld : dy_ld;
     return rows;
   }
-  const bool one_dimensional = g.in[0] * g.in[1] == 1 && g.kernel[0] * g.kernel[1] == 1;
   const bool contiguous_windows = g.dilation[2] == 1 && g.pad_begin[2] == 0 &&
                                   (g.out[2] - 1) * g.stride[2] + g.kernel[2] <= g.in[2];
-  const bool x_pixels = xs[1] == 1 && xs[4] == g.in_channels;  // channels-last, pixels adjacent
-  const bool x_rows = xs[4] == 1;                               // channels-first rows
-  const bool dy_pixels = dys[1] == 1 || g.out_channels == 1;
-  const bool dy_rows = dys[4] == 1;
-  if (!one_dimensional || !contiguous_windows || !(x_pixels || x_rows) || !(dy_pixels || dy_rows)) return rows;
+  const bool x_pixels = xs[1] == 1 && (g.in[2] == 1 || xs[4] == g.in_channels);  // channels-last, pixels adjacent
+  const bool x_rows = spatial_flattens(g.in, g.input_strides);                     // channels-first
+  const int64_t dy_pixel_stride = row_stride(1, g.out_channels, g.out, g.grad_output_strides);
+  const bool dy_rows = spatial_flattens(g.out, g.grad_output_strides);
+  if (!contiguous_windows || !(x_pixels || x_rows) || !(dy_pixel_stride > 0 || dy_rows)) return rows;
   rows.supported = true;
   rows.a_is_grad_output = true;
   rows.a_transposed = !dy_rows;
   rows.b_staged = !x_pixels;
+  rows.windows = true;
   rows.folded_taps = g.kernel[2];
+  rows.outer_taps = g.kernel[0] * g.kernel[1];
   rows.samples = g.batch;
-  rows.k = g.out[2];
+  rows.k = g.out_positions();
   rows.m = g.out_channels;
   rows.n = g.kernel[2] * g.in_channels;
-  rows.a_ld = dy_rows ? dys[1] : dys[4];
+  rows.a_ld = dy_rows ? dys[1] : dy_pixel_stride;
   rows.a_sample = dys[0];
-  rows.b_ld = g.stride[2] * g.in_channels;
-  rows.b_sample = xs[0];
+  rows.b_sample = rows.b_staged ? 0 : xs[0];
+  for (int64_t axis = 0; axis < 3; ++axis)  // a staged sample's pixels are (X0, X1, X2) rows of C
+    rows.b_pixel[axis] = rows.b_staged ? (axis < 1 ? g.in[1] : 1) * (axis < 2 ? g.in[2] : 1) * g.in_channels
+                                       : xs[2 + axis];
   return rows;
 }
 
@@ -153,12 +165,6 @@ bool supports(const Problem& problem) {
     return false;
   const Geometry g = geometry_of(problem);
   return roles_of(g).supported || rows_of(g).supported;
-}
-
-// Whether the rows path runs: where it folds taps into B's rows (one copy
-// of the input, not one a tap), or where nothing else can.
-bool prefers_rows(const Geometry& g, const Rows& rows) {
-  return rows.supported && (rows.folded_taps > 1 || !roles_of(g).supported);
 }
 
 // K columns a panel: its VNNI copy (K/2 x N pairs) stays in L2 next to A's
@@ -213,12 +219,20 @@ double rows_cost(const Geometry& g, const Rows& rows) {
   const RowUnits units(rows, at::get_num_threads());
   const double m = static_cast<double>(rows.m), n = static_cast<double>(rows.n);
   const double k = static_cast<double>(rows.samples) * rows.k;
+  const double taps = static_cast<double>(rows.outer_taps);
   const double a_copies = units.split_columns ? units.column_blocks : 1;
-  const double units_count = static_cast<double>(units.panels) * units.column_blocks;
-  const double operand_bytes = k * n * 2 + (rows.a_transposed ? k * m * 2 * a_copies : 0);
-  const double staged_bytes = rows.b_staged ? static_cast<double>(rows.samples) * g.in[2] * g.in_channels * 2 * a_copies : 0;
-  return 20e-6 + g.macs() / (620e9 * width(m) * width(n)) + units_count * m * units.block_columns * 8 / 120e9 +
-         operand_bytes / 60e9 + staged_bytes / 20e9 + m * n * 4 / 4e9;
+  const double units_count = static_cast<double>(units.panels) * units.column_blocks * taps;
+  const double operand_bytes = k * n * 2 * taps + (rows.a_transposed ? k * m * 2 * a_copies : 0);
+  const double staged_bytes =
+      rows.b_staged ? static_cast<double>(rows.samples) * g.in[0] * g.in[1] * g.in[2] * g.in_channels * 2 * a_copies : 0;
+  const double seconds = 20e-6 + g.macs() / (620e9 * width(m) * width(n)) +
+                         units_count * m * units.block_columns * 8 / 120e9 + operand_bytes / 60e9 +
+                         staged_bytes / 20e9 + taps * m * n * 4 / 4e9;
+  // Windows over more than one output row (U-Net's transposed 2x2 layer in
+  // 0.48 ms both layouts, ResNet-50's strided 1x1 in 1.67 NXC and 1.89 NCX,
+  // 2026-11-24) took 0.9-1.0 times these terms where the layers above took
+  // 0.7-0.8: scaled by 1.23 likewise.
+  return rows.windows && g.out[0] * g.out[1] > 1 ? seconds * 1.23 : seconds;
 }
 
 // Estimated seconds, fitted with torch 2.13 on an Intel Xeon (Sapphire
@@ -228,9 +242,7 @@ double rows_cost(const Geometry& g, const Rows& rows) {
 // speed; B's 32-bit transposition copies at about 40 GB/s, and ATen's gather
 // of a tap's window at about 20 GB/s with unit stride, half that with a
 // stride, plus 4 ns a row.
-double cost(const Problem&, const Geometry& g) {
-  const Rows rows = rows_of(g);
-  if (prefers_rows(g, rows)) return rows_cost(g, rows);
+double roles_cost(const Geometry& g) {
   const Roles roles = roles_of(g);
   const double positions = static_cast<double>(g.out_positions());
   const double m = static_cast<double>(roles.a_channels), n = static_cast<double>(roles.b_channels);
@@ -245,6 +257,18 @@ double cost(const Problem&, const Geometry& g) {
     seconds += b_bytes / 20e9 * (g.stride[2] == 1 ? 1 : 2) + rows * 4e-9;
   }
   return seconds;
+}
+
+// Whether the rows path runs: where it folds taps into B's rows (one copy
+// of the input, not one a tap), where nothing else can, or where the models
+// say it is faster.
+bool prefers_rows(const Geometry& g, const Rows& rows) {
+  return rows.supported && (rows.folded_taps > 1 || !roles_of(g).supported || rows_cost(g, rows) < roles_cost(g));
+}
+
+double cost(const Problem&, const Geometry& g) {
+  const Rows rows = rows_of(g);
+  return prefers_rows(g, rows) ? rows_cost(g, rows) : roles_cost(g);
 }
 
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
@@ -292,6 +316,31 @@ void add_last_position(int64_t m, int64_t n, const BFloat16* a, int64_t a_step, 
   }
 }
 
+// The addresses of B[tap]'s rows for positions [k0, k0 + k) of a sample
+// (`b` is the sample's data, or its staged copy), `column` elements in.
+void b_rows_of(const Geometry& g, const Rows& rows, const BFloat16* b, int64_t tap, int64_t k0, int64_t k,
+               int64_t column, const BFloat16* zeros, const uint16_t** out) {
+  if (!rows.windows) {
+    for (int64_t r = 0; r < k; ++r) out[r] = reinterpret_cast<const uint16_t*>(b + (k0 + r) * rows.b_ld + column);
+    return;
+  }
+  const int64_t t0 = tap / g.kernel[1], t1 = tap % g.kernel[1];
+  // Output position k0 + r is (j0, j1, j2), counted up row by row.
+  int64_t j2 = k0 % g.out[2], j1 = k0 / g.out[2] % g.out[1], j0 = k0 / g.out[2] / g.out[1];
+  for (int64_t r = 0; r < k; ++r) {
+    const int64_t x0 = j0 * g.stride[0] + t0 * g.dilation[0] - g.pad_begin[0];
+    const int64_t x1 = j1 * g.stride[1] + t1 * g.dilation[1] - g.pad_begin[1];
+    const bool padding = x0 < 0 || x0 >= g.in[0] || x1 < 0 || x1 >= g.in[1];
+    out[r] = reinterpret_cast<const uint16_t*>(
+        padding ? zeros
+                : b + x0 * rows.b_pixel[0] + x1 * rows.b_pixel[1] + j2 * g.stride[2] * rows.b_pixel[2] + column);
+    if (++j2 == g.out[2]) {
+      j2 = 0;
+      if (++j1 == g.out[1]) j1 = 0, ++j0;
+    }
+  }
+}
+
 at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows) {
   const BFloat16* a_source = (rows.a_is_grad_output ? problem.grad_output : problem.input).const_data_ptr<BFloat16>();
   const BFloat16* b_source = (rows.a_is_grad_output ? problem.input : problem.grad_output).const_data_ptr<BFloat16>();
@@ -300,10 +349,12 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
   const RowUnits units(rows, threads);
   // Split columns: each block is one task over every panel, into the one
   // result. Split panels: each thread sums into its own partial result.
-  const at::Tensor partials =
-      at::zeros({units.split_columns ? 1 : threads, m, n}, problem.input.options().dtype(at::kFloat));
-  // A channels-first input's sample as channels-last rows: the pixels its windows read.
-  const int64_t staged_pixels = rows.b_staged ? (g.out[2] - 1) * g.stride[2] + g.kernel[2] : 0;
+  const at::Tensor partials = at::zeros({units.split_columns ? 1 : threads, rows.outer_taps, m, n},
+                                        problem.input.options().dtype(at::kFloat));
+  // B's row where a window lies in the padding.
+  const std::vector<BFloat16> zeros(units.block_columns, BFloat16(0.0f));
+  // A channels-first input's sample as channels-last rows.
+  const int64_t staged_pixels = rows.b_staged ? g.in[0] * g.in[1] * g.in[2] : 0;
   const int64_t tasks = units.split_columns ? units.column_blocks : units.panels;
   at::parallel_for(0, tasks, 1, [&](int64_t task_begin, int64_t task_end) {
     float* c = partials[units.split_columns ? 0 : at::get_thread_num()].mutable_data_ptr<float>();
@@ -314,6 +365,7 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
     auto* staged_a_data = staged_a.mutable_data_ptr<BFloat16>();
     auto* panel_data = panel.mutable_data_ptr<BFloat16>();
     auto* staged_b_data = staged_b.mutable_data_ptr<BFloat16>();
+    std::vector<const uint16_t*> b_rows(kRowsPanel);
     int64_t staged_sample = -1;
     for (int64_t task = task_begin; task < task_end; ++task) {
       const int64_t first_panel = units.split_columns ? 0 : task;
@@ -328,7 +380,7 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
           staged_sample = sample;
         }
         const BFloat16* a = a_source + sample * rows.a_sample + k0 * (rows.a_transposed ? rows.a_ld : 1);
-        const BFloat16* b_rows = (rows.b_staged ? staged_b_data : b_source + sample * rows.b_sample) + k0 * rows.b_ld;
+        const BFloat16* b = rows.b_staged ? staged_b_data : b_source + sample * rows.b_sample;
         // A as (m x K) rows for the tiles: in place, or this panel transposed.
         const BFloat16* a_tiles = a;
         int64_t lda = rows.a_ld;
@@ -339,30 +391,34 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
         }
         const int64_t first_block = units.split_columns ? task : 0;
         const int64_t end_block = units.split_columns ? task + 1 : units.column_blocks;
-        for (int64_t block = first_block; block < end_block; ++block) {
-          const int64_t n0 = block * units.block_columns, columns = std::min(units.block_columns, n - n0);
-          const BFloat16* b = b_rows + n0;
-          if (even > 0) {
-            interleave_row_pairs(reinterpret_cast<const uint16_t*>(b), rows.b_ld,
-                                 reinterpret_cast<uint16_t*>(panel_data), columns, even / 2);
-            brgemm_bf16_blocks(m, columns, even, lda, a_tiles, panel_data, c + n0, n);
+        for (int64_t tap = 0; tap < rows.outer_taps; ++tap)
+          for (int64_t block = first_block; block < end_block; ++block) {
+            const int64_t n0 = block * units.block_columns, columns = std::min(units.block_columns, n - n0);
+            float* c_block = c + tap * m * n + n0;
+            b_rows_of(g, rows, b, tap, k0, k, n0, zeros.data(), b_rows.data());
+            if (even > 0) {
+              interleave_row_pairs(b_rows.data(), reinterpret_cast<uint16_t*>(panel_data), columns, even / 2);
+              brgemm_bf16_blocks(m, columns, even, lda, a_tiles, panel_data, c_block, n);
+            }
+            if (k % 2 == 1)  // the last row, outside every pair
+              add_last_position(m, columns, rows.a_transposed ? a + (k - 1) * rows.a_ld : a + k - 1,
+                                rows.a_transposed ? 1 : rows.a_ld, reinterpret_cast<const BFloat16*>(b_rows[k - 1]),
+                                1, c_block, n);
           }
-          if (k % 2 == 1)  // the last row, outside every pair
-            add_last_position(m, columns, rows.a_transposed ? a + (k - 1) * rows.a_ld : a + k - 1,
-                              rows.a_transposed ? 1 : rows.a_ld, b + (k - 1) * rows.b_ld, 1, c + n0, n);
-        }
       }
     }
     at::native::cpublas::brgemm_release();
   });
   // Partial sums added in thread order: deterministic for a thread count.
-  const at::Tensor products = units.split_columns ? partials[0] : partials.sum(0);  // (m, n)
+  const at::Tensor products = units.split_columns ? partials[0] : partials.sum(0);  // (outer taps, m, n)
   // As (taps, C, O) views, which canonical_from_taps lays out as (O, C, K).
   at::Tensor taps;
-  if (rows.a_is_grad_output)  // (O, taps, C), folded taps included
-    taps = products.view({g.out_channels, rows.folded_taps, g.in_channels}).permute({1, 2, 0});
+  if (rows.a_is_grad_output)  // (outer taps, O, folded taps, C)
+    taps = products.view({rows.outer_taps, g.out_channels, rows.folded_taps, g.in_channels})
+               .permute({0, 2, 3, 1})
+               .reshape({g.taps(), g.in_channels, g.out_channels});
   else
-    taps = products.unsqueeze(0);
+    taps = products;
   return problem.finish(canonical_from_taps(taps.unsqueeze(0), g, problem.spatial_rank()));
 }
 

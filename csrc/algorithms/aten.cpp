@@ -298,11 +298,14 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
 // (54 us on 2x8x8x8). bf16 stays bf16 there: on AMX it ran 2.2-3.7 times the
 // float32 rate (3.3 typical; 3-D without float32's slowdown, at 700-900
 // GMAC/s), but 2.2 times on layers with fewer than 128 input channels that
-// are channels-first with strides (U-Net's transposed 2x2, the 1-D layer:
-// 220-250 GMAC/s), 1x1 (64 -> 256 NXC: 2.3 times) or 1-D (NXC: about 2.2,
+// have strides (U-Net's transposed 2x2, the 1-D layer: 220-250 GMAC/s
+// channels-first; channels-last U-Net 0.58 ms on 2026-11-24, 0.72 on the
+// constants' day), 1x1 (64 -> 256 NXC: 2.3 times) or 1-D (NXC: about 2.2,
 // 2026-11-24), and 2.5 times on channels-last 1x1 layers with more input
 // channels (1024 -> 256 on 14x14: 0.99-1.01 ms, where amx took 0.85; the
-// model had it at 0.95); without AMX it is taken to run as float32 (not measured). f16
+// model had it at 0.95), 3.5 with strides (256 -> 512 on 56 -> 28: 1.39-1.49
+// ms on 2026-11-24, where amx took 1.67); without AMX it is taken to run as
+// float32 (not measured). f16
 // runs on float32 copies (see accumulates_in_float32).
 constexpr double kDepthwiseSetupSeconds = 30e-6;
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
@@ -323,10 +326,9 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
     macs_per_second = nxc ? 160e9 : 145e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
   if (bf16 && cpu_has_amx_bf16())
-    macs_per_second *=
-        g.in_channels < 128 && (g.taps() == 1 || (!nxc && strided) || problem.spatial_rank() == 1) ? 2.2
-        : g.taps() == 1 && nxc                                                                     ? 2.5
-                                                                                                   : 3.3;
+    macs_per_second *= g.in_channels < 128 && (g.taps() == 1 || strided || problem.spatial_rank() == 1) ? 2.2
+                       : g.taps() == 1 && nxc ? (strided ? 3.5 : 2.5)
+                                              : 3.3;
   else if (problem.spatial_rank() == 3 || (problem.spatial_rank() == 1 && nxc))
     macs_per_second *= 0.37;
   else if (problem.spatial_rank() == 1)  // the audio layer (k10 s5) on NCX data: 2.7-3.1 ms, 85-97 GMAC/s

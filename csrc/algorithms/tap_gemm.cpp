@@ -119,9 +119,9 @@ void gather_every(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* d
   gather(src, src_ld, step, dst, dst_ld, count, rows);
 }
 
-void interleave_row_pairs(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t columns, int64_t pairs) {
+void interleave_row_pairs(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs) {
   const auto interleave = cpu_is_avx512() ? kernel::AVX512::interleave : kernel::DEFAULT::interleave;
-  interleave(src, src_ld, dst, columns, pairs);
+  interleave(rows, dst, columns, pairs);
 }
 
 }  // namespace torch_convgrad

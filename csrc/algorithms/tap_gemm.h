@@ -35,9 +35,10 @@ void transpose_to_rows(const void* src, int64_t src_ld, void* dst, int64_t dst_l
 void gather_every(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count,
                   int64_t rows);
 
-// dst[(p * columns + j) * 2 + i] = src[(2 * p + i) * src_ld + j] for i < 2,
-// j < columns, p < pairs: pairs of rows of 16-bit elements interleaved, the
-// VNNI layout of a bf16 product's operand ((2 * pairs) x columns, row-major).
-void interleave_row_pairs(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t columns, int64_t pairs);
+// dst[(p * columns + j) * 2 + i] = rows[2 * p + i][j] for i < 2, j < columns,
+// p < pairs: pairs of rows of 16-bit elements interleaved, the VNNI layout of
+// a bf16 product's operand ((2 * pairs) x columns, row-major). The rows lie
+// anywhere (a window's pixels, or a row of zeros for padding).
+void interleave_row_pairs(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs);
 
 }  // namespace torch_convgrad

@@ -58,7 +58,7 @@ struct Args {
 #define TORCH_CONVGRAD_TAP_GEMM_DECLARE_GATHER                                                               \
   void gather(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count, \
               int64_t rows);                                                                                    \
-  void interleave(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t columns, int64_t pairs);
+  void interleave(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs);
 
 // Each tile keeps kTileM x 2 vectors of accumulators in registers: 12 of
 // AVX2's 16, 24 of AVX-512's 32.
@@ -406,11 +406,11 @@ inline void gather_impl(const uint16_t* src, int64_t src_ld, int64_t step, uint1
 
 // 16 elements of each row widened to 32 bits, the second row's shifted into
 // the upper halves: one pair a 32-bit lane.
-inline void interleave_impl(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t columns, int64_t pairs) {
+inline void interleave_impl(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs) {
   constexpr int64_t kBlock = 16;
   for (int64_t p = 0; p < pairs; ++p) {
-    const uint16_t* first = src + 2 * p * src_ld;
-    const uint16_t* second = first + src_ld;
+    const uint16_t* first = rows[2 * p];
+    const uint16_t* second = rows[2 * p + 1];
     uint16_t* out = dst + 2 * p * columns;
     for (int64_t j = 0; j < columns; j += kBlock) {
       const __mmask16 mask = _cvtu32_mask16(columns - j >= kBlock ? 0xffffu : (1u << (columns - j)) - 1);
@@ -429,10 +429,10 @@ inline void gather_impl(const uint16_t* src, int64_t src_ld, int64_t step, uint1
     for (int64_t i = 0; i < count; ++i) dst[r * dst_ld + i] = src[r * src_ld + i * step];
 }
 
-inline void interleave_impl(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t columns, int64_t pairs) {
+inline void interleave_impl(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs) {
   for (int64_t p = 0; p < pairs; ++p)
     for (int64_t j = 0; j < columns; ++j)
-      for (int64_t i = 0; i < 2; ++i) dst[(p * columns + j) * 2 + i] = src[(2 * p + i) * src_ld + j];
+      for (int64_t i = 0; i < 2; ++i) dst[(p * columns + j) * 2 + i] = rows[2 * p + i][j];
 }
 
 #ifdef CPU_CAPABILITY_AVX2

@@ -17,8 +17,8 @@ void gather(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, in
   gather_impl(src, src_ld, step, dst, dst_ld, count, rows);
 }
 
-void interleave(const uint16_t* src, int64_t src_ld, uint16_t* dst, int64_t columns, int64_t pairs) {
-  interleave_impl(src, src_ld, dst, columns, pairs);
+void interleave(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs) {
+  interleave_impl(rows, dst, columns, pairs);
 }
 
 }  // namespace torch_convgrad::tap_gemm_kernel::DEFAULT
