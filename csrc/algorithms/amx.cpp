@@ -14,6 +14,13 @@
 // Rapids, 2 cores). Channels-last 1x1 layers, which have no such rows, and
 // layers whose windows along the last axis fold into B's rows take the rows
 // path (Rows, run_rows).
+//
+// f16 runs on the same tiles: each element splits exactly into a high and a
+// low bf16 (split_half), and one product over three times K sums high * high
+// + high * low + low * high, every term exact in float32 (SplitOperands);
+// only low * low, below 2^-16 of a product, is left out. On Sapphire Rapids,
+// which has no AMX-FP16, that ran the benchmark's f16 1x1, transposed 2x2
+// and 1-D layers 1.25-2.05 times faster than gemm's float32 products.
 #include "algorithm.h"
 #include "scratch.h"
 #include "tap_gemm.h"
@@ -25,7 +32,9 @@
 #include <ATen/ops/zeros.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 namespace torch_convgrad {
@@ -160,7 +169,8 @@ Roles roles_of(const Geometry& g) {
 
 bool supports(const Problem& problem) {
   const at::Tensor& input = problem.input;
-  if (!(input.device().is_cpu() && input.layout() == at::kStrided && input.scalar_type() == at::kBFloat16 &&
+  const bool bf16_or_f16 = input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf;
+  if (!(input.device().is_cpu() && input.layout() == at::kStrided && bf16_or_f16 &&
         problem.grad_output.layout() == at::kStrided && problem.groups == 1 && cpu_runs_brgemm_bf16()))
     return false;
   const Geometry g = geometry_of(problem);
@@ -185,6 +195,18 @@ bool b_needs_staging(const Geometry& g, const Roles& roles) {
 // VNNI copy stay in L2.
 constexpr int64_t kRowsPanel = 1024;
 
+// Positions a panel of f16 (SplitOperands), whose K is three times that: an
+// eighth of bf16's. On the benchmark's 1x1, transposed 2x2 and 1-D layers,
+// panels of a half, a third, a quarter, a sixth and an eighth of bf16's ran
+// faster the smaller (strided 1x1 NXC: 3.3, 3.5, 2.7, 3.1 and 2.5 ms, and 4.2
+// with bf16's; noisy).
+int64_t split_panel_positions(int64_t positions) { return positions / 8; }
+
+// f16 (SplitOperands): the split's bytes read and written a second, and the
+// tiles' time against bf16's on the same layer.
+constexpr double kSplitBytesPerSecond = 60e9;
+constexpr double kSplitTileFactor = 2.0;
+
 // Columns of B a block at most: its VNNI panel stays in L2.
 constexpr int64_t kMaxBlockColumns = 512;
 
@@ -193,10 +215,12 @@ constexpr int64_t kMaxBlockColumns = 512;
 // twice the threads, into a block of B's columns a thread, each block
 // transposing A's panels (and staging B's samples) again.
 struct RowUnits {
+  int64_t panel;  // K rows a panel
   int64_t panels_per_sample, panels, column_blocks, block_columns;
   bool split_columns;
-  RowUnits(const Rows& rows, int64_t threads) {
-    panels_per_sample = ceil_div(rows.k, kRowsPanel);
+  RowUnits(const Rows& rows, int64_t threads, bool half) {
+    panel = half ? split_panel_positions(kRowsPanel) : kRowsPanel;
+    panels_per_sample = ceil_div(rows.k, panel);
     panels = rows.samples * panels_per_sample;
     split_columns = panels < 2 * threads;
     const int64_t blocks = std::min(std::max(ceil_div(rows.n, kMaxBlockColumns), split_columns ? threads : 1),
@@ -214,9 +238,9 @@ struct RowUnits {
 // much slower): the tiles as above, A's transposition and B's interleaving
 // at about 60 GB/s, a channels-first input's transposition at 20, and about
 // 0.25 ms a MiB of float32 result.
-double rows_cost(const Geometry& g, const Rows& rows) {
+double rows_cost(const Geometry& g, const Rows& rows, bool half) {
   const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
-  const RowUnits units(rows, at::get_num_threads());
+  const RowUnits units(rows, at::get_num_threads(), half);
   const double m = static_cast<double>(rows.m), n = static_cast<double>(rows.n);
   const double k = static_cast<double>(rows.samples) * rows.k;
   const double taps = static_cast<double>(rows.outer_taps);
@@ -225,9 +249,10 @@ double rows_cost(const Geometry& g, const Rows& rows) {
   const double operand_bytes = k * n * 2 * taps + (rows.a_transposed ? k * m * 2 * a_copies : 0);
   const double staged_bytes =
       rows.b_staged ? static_cast<double>(rows.samples) * g.in[0] * g.in[1] * g.in[2] * g.in_channels * 2 * a_copies : 0;
-  const double seconds = 20e-6 + g.macs() / (620e9 * width(m) * width(n)) +
+  const double split_bytes = half ? (k * m * a_copies + k * n * taps) * 8 : 0;
+  const double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * width(m) * width(n)) +
                          units_count * m * units.block_columns * 8 / 120e9 + operand_bytes / 60e9 +
-                         staged_bytes / 20e9 + taps * m * n * 4 / 4e9;
+                         staged_bytes / 20e9 + split_bytes / kSplitBytesPerSecond + taps * m * n * 4 / 4e9;
   // Windows over more than one output row (U-Net's transposed 2x2 layer in
   // 0.48 ms both layouts, ResNet-50's strided 1x1 in 1.67 NXC and 1.89 NCX,
   // 2026-11-24) took 0.9-1.0 times these terms where the layers above took
@@ -242,16 +267,17 @@ double rows_cost(const Geometry& g, const Rows& rows) {
 // speed; B's 32-bit transposition copies at about 40 GB/s, and ATen's gather
 // of a tap's window at about 20 GB/s with unit stride, half that with a
 // stride, plus 4 ns a row.
-double roles_cost(const Geometry& g) {
+double roles_cost(const Geometry& g, bool half) {
   const Roles roles = roles_of(g);
   const double positions = static_cast<double>(g.out_positions());
   const double m = static_cast<double>(roles.a_channels), n = static_cast<double>(roles.b_channels);
   const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
   const double units = static_cast<double>(g.batch) * g.taps();
   const double b_bytes = units * n * positions * 2;
-  const double panels = std::ceil(positions / kPanelColumns);
-  double seconds = 20e-6 + g.macs() / (620e9 * width(m) * width(n)) + units * panels * m * n * 8 / 120e9 +
-                   b_bytes / 40e9;
+  const double panels = std::ceil(positions / (half ? split_panel_positions(kPanelColumns) : kPanelColumns));
+  const double split_bytes = half ? units * (m + n) * positions * 8 : 0;
+  double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * width(m) * width(n)) +
+                   units * panels * m * n * 8 / 120e9 + b_bytes / 40e9 + split_bytes / kSplitBytesPerSecond;
   if (b_needs_staging(g, roles)) {
     const double rows = units * n * g.out[0] * g.out[1];
     seconds += b_bytes / 20e9 * (g.stride[2] == 1 ? 1 : 2) + rows * 4e-9;
@@ -262,13 +288,15 @@ double roles_cost(const Geometry& g) {
 // Whether the rows path runs: where it folds taps into B's rows (one copy
 // of the input, not one a tap), where nothing else can, or where the models
 // say it is faster.
-bool prefers_rows(const Geometry& g, const Rows& rows) {
-  return rows.supported && (rows.folded_taps > 1 || !roles_of(g).supported || rows_cost(g, rows) < roles_cost(g));
+bool prefers_rows(const Geometry& g, const Rows& rows, bool half) {
+  return rows.supported &&
+         (rows.folded_taps > 1 || !roles_of(g).supported || rows_cost(g, rows, half) < roles_cost(g, half));
 }
 
-double cost(const Problem&, const Geometry& g) {
+double cost(const Problem& problem, const Geometry& g) {
   const Rows rows = rows_of(g);
-  return prefers_rows(g, rows) ? rows_cost(g, rows) : roles_cost(g);
+  const bool half = problem.input.scalar_type() == at::kHalf;
+  return prefers_rows(g, rows, half) ? rows_cost(g, rows, half) : roles_cost(g, half);
 }
 
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
@@ -306,15 +334,43 @@ void stage_b(const at::Tensor& x5, const at::Tensor& dy5, bool b_is_input, int64
 }
 
 // c[row * ldc + column] += a[row * a_step] * b[column * b_step] for row < m,
-// column < n: the product over a last K position left outside every pair.
-void add_last_position(int64_t m, int64_t n, const BFloat16* a, int64_t a_step, const BFloat16* b, int64_t b_step,
-                       float* c, int64_t ldc) {
+// column < n: the product over a last K position left outside every pair,
+// of bf16 or f16 (`half`) elements.
+void add_last_position(bool half, int64_t m, int64_t n, const BFloat16* a, int64_t a_step, const BFloat16* b,
+                       int64_t b_step, float* c, int64_t ldc) {
+  const auto value = [half](const BFloat16* element) {
+    return half ? static_cast<float>(c10::Half(element->x, c10::Half::from_bits())) : static_cast<float>(*element);
+  };
   for (int64_t row = 0; row < m; ++row) {
-    const float a_last = static_cast<float>(a[row * a_step]);
-    for (int64_t column = 0; column < n; ++column)
-      c[row * ldc + column] += a_last * static_cast<float>(b[column * b_step]);
+    const float a_last = value(a + row * a_step);
+    for (int64_t column = 0; column < n; ++column) c[row * ldc + column] += a_last * value(b + column * b_step);
   }
 }
+
+// f16 operands on the bf16 tiles (split_half): A's rows as [high | high |
+// low] and B's VNNI panel as [high; low; high] along K, so that one product
+// over three times K sums high * high + high * low + low * high, touching C
+// once.
+struct SplitOperands {
+  std::atomic<bool>* non_finite;
+  // m rows of k f16 elements, lda apart, into rows of 3 * k elements, ld
+  // apart (`split` may be `rows` itself, with lda == ld).
+  void split_rows(const BFloat16* rows, int64_t lda, int64_t m, int64_t k, BFloat16* split, int64_t ld) const {
+    bool finite = true;
+    for (int64_t row = 0; row < m; ++row) {
+      auto* high = reinterpret_cast<uint16_t*>(split + row * ld);
+      finite &= split_half(reinterpret_cast<const uint16_t*>(rows + row * lda), k, high, high + 2 * k);
+      std::memcpy(high + k, high, k * sizeof(uint16_t));
+    }
+    if (!finite) non_finite->store(true, std::memory_order_relaxed);
+  }
+  // A VNNI panel of `count` f16 elements into 3 * count, in place.
+  void split_panel(BFloat16* panel, int64_t count) const {
+    auto* high = reinterpret_cast<uint16_t*>(panel);
+    if (!split_half(high, count, high, high + count)) non_finite->store(true, std::memory_order_relaxed);
+    std::memcpy(high + 2 * count, high, count * sizeof(uint16_t));
+  }
+};
 
 // The addresses of B[tap]'s rows for positions [k0, k0 + k) of a sample
 // (`b` is the sample's data, or its staged copy), `column` elements in.
@@ -342,11 +398,13 @@ void b_rows_of(const Geometry& g, const Rows& rows, const BFloat16* b, int64_t t
 }
 
 at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows) {
-  const BFloat16* a_source = (rows.a_is_grad_output ? problem.grad_output : problem.input).const_data_ptr<BFloat16>();
-  const BFloat16* b_source = (rows.a_is_grad_output ? problem.input : problem.grad_output).const_data_ptr<BFloat16>();
+  const auto data = [](const at::Tensor& tensor) { return static_cast<const BFloat16*>(tensor.const_data_ptr()); };
+  const BFloat16* a_source = data(rows.a_is_grad_output ? problem.grad_output : problem.input);
+  const BFloat16* b_source = data(rows.a_is_grad_output ? problem.input : problem.grad_output);
+  const bool half = problem.input.scalar_type() == at::kHalf;
   const int64_t m = rows.m, n = rows.n;
   const int64_t threads = at::get_num_threads();
-  const RowUnits units(rows, threads);
+  const RowUnits units(rows, threads, half);
   // Split columns: each block is one task over every panel, into the one
   // result. Split panels: each thread sums into its own partial result.
   const at::Tensor partials = at::zeros({units.split_columns ? 1 : threads, rows.outer_taps, m, n},
@@ -356,24 +414,28 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
   // A channels-first input's sample as channels-last rows.
   const int64_t staged_pixels = rows.b_staged ? g.in[0] * g.in[1] * g.in[2] : 0;
   const int64_t tasks = units.split_columns ? units.column_blocks : units.panels;
+  std::atomic<bool> non_finite{false};
+  const SplitOperands split{&non_finite};
+  const int64_t parts = half ? 3 : 1;  // K's copies (SplitOperands)
   at::parallel_for(0, tasks, 1, [&](int64_t task_begin, int64_t task_end) {
     float* c = partials[units.split_columns ? 0 : at::get_thread_num()].mutable_data_ptr<float>();
     const at::TensorOptions options = problem.input.options();
-    const at::Tensor staged_a = scratch_tensor(ScratchSlot::StagedOperand, {m, kRowsPanel}, options);
-    const at::Tensor panel = scratch_tensor(ScratchSlot::VnniPanel, {kRowsPanel / 2, units.block_columns, 2}, options);
+    const at::Tensor staged_a = scratch_tensor(ScratchSlot::StagedOperand, {m, parts * units.panel}, options);
+    const at::Tensor panel =
+        scratch_tensor(ScratchSlot::VnniPanel, {parts * units.panel / 2, units.block_columns, 2}, options);
     const at::Tensor staged_b = scratch_tensor(ScratchSlot::PackedInput, {staged_pixels, g.in_channels}, options);
-    auto* staged_a_data = staged_a.mutable_data_ptr<BFloat16>();
-    auto* panel_data = panel.mutable_data_ptr<BFloat16>();
-    auto* staged_b_data = staged_b.mutable_data_ptr<BFloat16>();
-    std::vector<const uint16_t*> b_rows(kRowsPanel);
+    auto* staged_a_data = static_cast<BFloat16*>(staged_a.data_ptr());
+    auto* panel_data = static_cast<BFloat16*>(panel.data_ptr());
+    auto* staged_b_data = static_cast<BFloat16*>(staged_b.data_ptr());
+    std::vector<const uint16_t*> b_rows(units.panel);
     int64_t staged_sample = -1;
     for (int64_t task = task_begin; task < task_end; ++task) {
       const int64_t first_panel = units.split_columns ? 0 : task;
       const int64_t end_panel = units.split_columns ? units.panels : task + 1;
       for (int64_t panel_index = first_panel; panel_index < end_panel; ++panel_index) {
         const int64_t sample = panel_index / units.panels_per_sample;
-        const int64_t k0 = panel_index % units.panels_per_sample * kRowsPanel;
-        const int64_t k = std::min(kRowsPanel, rows.k - k0), even = k / 2 * 2;
+        const int64_t k0 = panel_index % units.panels_per_sample * units.panel;
+        const int64_t k = std::min(units.panel, rows.k - k0), even = k / 2 * 2;
         if (rows.b_staged && sample != staged_sample) {
           transpose_to_rows(b_source + sample * g.input_strides[0], g.input_strides[1], staged_b_data,
                             g.in_channels, g.in_channels, staged_pixels, 2);
@@ -381,13 +443,18 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
         }
         const BFloat16* a = a_source + sample * rows.a_sample + k0 * (rows.a_transposed ? rows.a_ld : 1);
         const BFloat16* b = rows.b_staged ? staged_b_data : b_source + sample * rows.b_sample;
-        // A as (m x K) rows for the tiles: in place, or this panel transposed.
+        // A as (m x K) rows for the tiles: in place, or this panel transposed
+        // (and for f16 split).
         const BFloat16* a_tiles = a;
         int64_t lda = rows.a_ld;
-        if (rows.a_transposed && even > 0) {
-          transpose_to_rows(a, rows.a_ld, staged_a_data, kRowsPanel, even, m, 2);
+        if ((rows.a_transposed || half) && even > 0) {
+          const int64_t ld = parts * units.panel;
+          if (rows.a_transposed) transpose_to_rows(a, rows.a_ld, staged_a_data, ld, even, m, 2);
+          if (half)
+            split.split_rows(rows.a_transposed ? staged_a_data : a, rows.a_transposed ? ld : rows.a_ld, m, even,
+                             staged_a_data, ld);
           a_tiles = staged_a_data;
-          lda = kRowsPanel;
+          lda = ld;
         }
         const int64_t first_block = units.split_columns ? task : 0;
         const int64_t end_block = units.split_columns ? task + 1 : units.column_blocks;
@@ -398,10 +465,11 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
             b_rows_of(g, rows, b, tap, k0, k, n0, zeros.data(), b_rows.data());
             if (even > 0) {
               interleave_row_pairs(b_rows.data(), reinterpret_cast<uint16_t*>(panel_data), columns, even / 2);
-              brgemm_bf16_blocks(m, columns, even, lda, a_tiles, panel_data, c_block, n);
+              if (half) split.split_panel(panel_data, even * columns);
+              brgemm_bf16_blocks(m, columns, parts * even, lda, a_tiles, panel_data, c_block, n);
             }
             if (k % 2 == 1)  // the last row, outside every pair
-              add_last_position(m, columns, rows.a_transposed ? a + (k - 1) * rows.a_ld : a + k - 1,
+              add_last_position(half, m, columns, rows.a_transposed ? a + (k - 1) * rows.a_ld : a + k - 1,
                                 rows.a_transposed ? 1 : rows.a_ld, reinterpret_cast<const BFloat16*>(b_rows[k - 1]),
                                 1, c_block, n);
           }
@@ -409,6 +477,8 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
     }
     at::native::cpublas::brgemm_release();
   });
+  // An infinity or NaN splits into a NaN low part (SplitOperands).
+  if (non_finite) return kAtenAlgorithm.run(problem);
   // Partial sums added in thread order: deterministic for a thread count.
   const at::Tensor products = units.split_columns ? partials[0] : partials.sum(0);  // (outer taps, m, n)
   // As (taps, C, O) views, which canonical_from_taps lays out as (O, C, K).
@@ -425,7 +495,7 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
 at::Tensor run(const Problem& problem) {
   const Geometry g = geometry_of(problem);
   const Rows rows = rows_of(g);
-  if (prefers_rows(g, rows)) return run_rows(problem, g, rows);
+  if (prefers_rows(g, rows, problem.input.scalar_type() == at::kHalf)) return run_rows(problem, g, rows);
   const Roles roles = roles_of(g);
   const bool staging = b_needs_staging(g, roles);
   const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
@@ -436,18 +506,27 @@ at::Tensor run(const Problem& problem) {
   const int64_t taps = g.taps();
   const int64_t lda = a_operand.stride(1);
 
+  const bool half = problem.input.scalar_type() == at::kHalf;
+  const int64_t parts = half ? 3 : 1;  // K's copies (SplitOperands)
+  const int64_t panel_columns = half ? split_panel_positions(kPanelColumns) : kPanelColumns;
+  std::atomic<bool> non_finite{false};
+  const SplitOperands split{&non_finite};
   const int64_t threads = at::get_num_threads();
   const at::Tensor partials = at::zeros({threads, taps, m, n_columns}, problem.input.options().dtype(at::kFloat));
-  const auto* a_data = a_operand.const_data_ptr<BFloat16>();
+  const auto* a_data = static_cast<const BFloat16*>(a_operand.const_data_ptr());
   at::parallel_for(0, g.batch * taps, 1, [&](int64_t unit_begin, int64_t unit_end) {
     float* thread_c = partials[at::get_thread_num()].mutable_data_ptr<float>();
+    const at::TensorOptions options = problem.input.options();
     at::Tensor staged;
     if (staging)
-      staged = scratch_tensor(ScratchSlot::StagedOperand, {n_columns, even_positions + (positions % 2) * 2},
-                              problem.input.options());
-    const at::Tensor panel = scratch_tensor(ScratchSlot::VnniPanel, {kPanelColumns / 2, n_columns, 2},
-                                            problem.input.options());
-    auto* panel_data = panel.mutable_data_ptr<BFloat16>();
+      staged = scratch_tensor(ScratchSlot::StagedOperand, {n_columns, even_positions + (positions % 2) * 2}, options);
+    const at::Tensor panel = scratch_tensor(ScratchSlot::VnniPanel, {parts * panel_columns / 2, n_columns, 2}, options);
+    auto* panel_data = static_cast<BFloat16*>(panel.data_ptr());
+    // f16: A's panel split (A is read in place otherwise).
+    BFloat16* split_a = nullptr;
+    if (half)
+      split_a = static_cast<BFloat16*>(
+          scratch_tensor(ScratchSlot::PackedGradOutput, {m, parts * panel_columns}, options).data_ptr());
     for (int64_t unit = unit_begin; unit < unit_end; ++unit) {
       // Tap-major: a thread's consecutive units add into the same C, which
       // then stays in L2 (3x3 layers with 256 channels: C is 256 KiB a tap).
@@ -459,26 +538,34 @@ at::Tensor run(const Problem& problem) {
       int64_t ldb;
       if (staging) {
         stage_b(x5, dy5, roles.a_is_grad_output, n, tap_index, g, staged);
-        b = staged.const_data_ptr<BFloat16>();
+        b = static_cast<const BFloat16*>(staged.const_data_ptr());
         ldb = staged.size(1);
       } else {
         const at::Tensor& source = roles.a_is_grad_output ? x5 : dy5;
-        b = source.const_data_ptr<BFloat16>() + n * source.stride(0);
+        b = static_cast<const BFloat16*>(source.const_data_ptr()) + n * source.stride(0);
         ldb = source.stride(1);
       }
       const BFloat16* a = a_data + n * a_operand.stride(0);
       float* c = thread_c + tap * m * n_columns;
-      for (int64_t k0 = 0; k0 < even_positions; k0 += kPanelColumns) {
-        const int64_t k = std::min(kPanelColumns, even_positions - k0);
-        // Pairs of bf16 as one 32-bit element: (N x K/2) -> (K/2 x N).
+      for (int64_t k0 = 0; k0 < even_positions; k0 += panel_columns) {
+        const int64_t k = std::min(panel_columns, even_positions - k0);
+        // Pairs of 16-bit elements as one 32-bit element: (N x K/2) -> (K/2 x N).
         transpose_to_rows(b + k0, ldb / 2, panel_data, n_columns, n_columns, k / 2, 4);
-        brgemm_bf16_blocks(m, n_columns, k, lda, a + k0, panel_data, c, n_columns);
+        if (half) {
+          split.split_rows(a + k0, lda, m, k, split_a, parts * panel_columns);
+          split.split_panel(panel_data, k * n_columns);
+          brgemm_bf16_blocks(m, n_columns, parts * k, parts * panel_columns, split_a, panel_data, c, n_columns);
+        } else {
+          brgemm_bf16_blocks(m, n_columns, k, lda, a + k0, panel_data, c, n_columns);
+        }
       }
       if (positions % 2 == 1)  // the last position, outside every pair
-        add_last_position(m, n_columns, a + positions - 1, lda, b + positions - 1, ldb, c, n_columns);
+        add_last_position(half, m, n_columns, a + positions - 1, lda, b + positions - 1, ldb, c, n_columns);
     }
     at::native::cpublas::brgemm_release();
   });
+  // An infinity or NaN splits into a NaN low part (SplitOperands).
+  if (non_finite) return kAtenAlgorithm.run(problem);
   // Partial sums added in thread order: deterministic for a thread count.
   at::Tensor products = partials.sum(0);  // (taps, M, N)
   if (roles.a_is_grad_output) products = products.transpose(1, 2);

@@ -124,4 +124,9 @@ void interleave_row_pairs(const uint16_t* const* rows, uint16_t* dst, int64_t co
   interleave(rows, dst, columns, pairs);
 }
 
+bool split_half(const uint16_t* half, int64_t count, uint16_t* high, uint16_t* low) {
+  const auto split = cpu_is_avx512() ? kernel::AVX512::split : kernel::DEFAULT::split;
+  return split(half, count, high, low);
+}
+
 }  // namespace torch_convgrad

@@ -41,4 +41,12 @@ void gather_every(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* d
 // anywhere (a window's pixels, or a row of zeros for padding).
 void interleave_row_pairs(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs);
 
+// high[i] + low[i] == half[i] exactly, for i < count: each f16 split into two
+// bf16 (high rounded to nearest even, low the remainder, at most 3
+// significant bits), so that a bf16 product of f16 data is the sum of three
+// exact products, high * high + low * high + high * low, short of low * low
+// (below 2^-16 of the product). Whether every element was finite (an
+// infinity's or NaN's low part is NaN). high may be half.
+bool split_half(const uint16_t* half, int64_t count, uint16_t* high, uint16_t* low);
+
 }  // namespace torch_convgrad

@@ -44,7 +44,8 @@ struct Args {
 // elements of `element_size` 2 or 4 bytes (copied, not converted).
 //
 // gather copies every step-th element of rows (gather_every, tap_gemm.h),
-// interleave pairs of rows (interleave_row_pairs).
+// interleave pairs of rows (interleave_row_pairs), split f16 into two bf16
+// (split_half).
 //
 // The products run on AVX2 and AVX-512 CPUs (gemm uses BLAS elsewhere); the
 // transposition has an AVX2 and a portable build, the gather an AVX-512 and a
@@ -58,7 +59,8 @@ struct Args {
 #define TORCH_CONVGRAD_TAP_GEMM_DECLARE_GATHER                                                               \
   void gather(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count, \
               int64_t rows);                                                                                    \
-  void interleave(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs);
+  void interleave(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs);          \
+  bool split(const uint16_t* half, int64_t count, uint16_t* high, uint16_t* low);
 
 // Each tile keeps kTileM x 2 vectors of accumulators in registers: 12 of
 // AVX2's 16, 24 of AVX-512's 32.
@@ -421,6 +423,32 @@ inline void interleave_impl(const uint16_t* const* rows, uint16_t* dst, int64_t 
   }
 }
 
+// 16 f16 at a time widened to float32 (exact); the high part rounded to
+// nearest even on its upper 16 bits, the low part the exact remainder, whose
+// lower 16 bits are zero. f16's exponent is all ones only for an infinity or
+// NaN.
+inline bool split_impl(const uint16_t* half, int64_t count, uint16_t* high, uint16_t* low) {
+  constexpr int64_t kBlock = 16;
+  const __m512i round = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const __m512i upper = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const __m256i exponent = _mm256_set1_epi16(0x7c00);
+  __mmask16 non_finite = 0;
+  for (int64_t i = 0; i < count; i += kBlock) {
+    const __mmask16 mask = _cvtu32_mask16(count - i >= kBlock ? 0xffffu : (1u << (count - i)) - 1);
+    const __m256i h = _mm256_maskz_loadu_epi16(mask, half + i);
+    non_finite |= _mm256_mask_cmpeq_epi16_mask(mask, _mm256_and_si256(h, exponent), exponent);
+    const __m512 value = _mm512_cvtph_ps(h);
+    const __m512i bits = _mm512_castps_si512(value);
+    const __m512i rounded = _mm512_and_si512(
+        _mm512_add_epi32(bits, _mm512_add_epi32(round, _mm512_and_si512(_mm512_srli_epi32(bits, 16), one))), upper);
+    const __m512 rest = _mm512_sub_ps(value, _mm512_castsi512_ps(rounded));
+    _mm256_mask_storeu_epi16(high + i, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+    _mm256_mask_storeu_epi16(low + i, mask,
+                             _mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_castps_si512(rest), 16)));
+  }
+  return non_finite == 0;
+}
+
 #else
 
 inline void gather_impl(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld,
@@ -433,6 +461,19 @@ inline void interleave_impl(const uint16_t* const* rows, uint16_t* dst, int64_t 
   for (int64_t p = 0; p < pairs; ++p)
     for (int64_t j = 0; j < columns; ++j)
       for (int64_t i = 0; i < 2; ++i) dst[(p * columns + j) * 2 + i] = rows[2 * p + i][j];
+}
+
+inline bool split_impl(const uint16_t* half, int64_t count, uint16_t* high, uint16_t* low) {
+  bool finite = true;
+  for (int64_t i = 0; i < count; ++i) {
+    const uint16_t bits = half[i];
+    const float value = static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+    const c10::BFloat16 rounded(value);  // to nearest even
+    high[i] = rounded.x;
+    low[i] = c10::BFloat16(value - static_cast<float>(rounded)).x;  // exact
+    finite &= (bits & 0x7c00) != 0x7c00;
+  }
+  return finite;
 }
 
 #ifdef CPU_CAPABILITY_AVX2

@@ -20,4 +20,8 @@ void interleave(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int
   interleave_impl(rows, dst, columns, pairs);
 }
 
+bool split(const uint16_t* half, int64_t count, uint16_t* high, uint16_t* low) {
+  return split_impl(half, count, high, low);
+}
+
 }  // namespace torch_convgrad::tap_gemm_kernel::AVX512
