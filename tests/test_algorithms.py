@@ -57,7 +57,7 @@ def unpadded_problem(data_format="NCX", dtype=torch.float32, n=2, c=8, o=6, size
 
 
 def problem_for(algorithm, data_format="NCX", dtype=torch.float32, **sizes):
-    """A problem that ``algorithm`` takes (amx: bf16 or f16, bf16 unless ``dtype`` is f16; amx_planes,
+    """A problem that ``algorithm`` takes (amx, amx_planes: bf16 or f16, bf16 unless ``dtype`` is f16;
     amx_depthwise: bf16 only; matmul: no padding read; aten_channels_first: channels-last data)."""
     if algorithm == "matmul":
         return unpadded_problem(data_format, dtype, **sizes)
@@ -67,7 +67,7 @@ def problem_for(algorithm, data_format="NCX", dtype=torch.float32, **sizes):
         return depthwise_problem(data_format, dtype, **sizes)
     if algorithm == "amx_depthwise":
         return depthwise_problem(data_format, torch.bfloat16, **sizes)
-    if algorithm.startswith("amx") and not (algorithm == "amx" and dtype == torch.float16):
+    if algorithm.startswith("amx") and not (algorithm != "amx_depthwise" and dtype == torch.float16):
         dtype = torch.bfloat16
     return dense_problem(data_format, dtype, **sizes)
 
@@ -390,7 +390,7 @@ def test_environment_variable_with_an_unknown_name_raises_on_first_call():
 @pytest.mark.parametrize("algorithm", NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_every_algorithm_is_deterministic(algorithm, dtype):
-    takes = (torch.bfloat16, torch.float16) if algorithm == "amx" else (torch.bfloat16,)
+    takes = (torch.bfloat16,) if algorithm == "amx_depthwise" else (torch.bfloat16, torch.float16)
     if algorithm.startswith("amx") and (dtype not in takes or not AMX):
         pytest.skip(f"{algorithm} runs {takes} on AMX CPUs")
     depthwise = algorithm.endswith("depthwise")
@@ -487,8 +487,8 @@ AMX_CASES = {
 
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
-@pytest.mark.parametrize("algorithm,dtype", [("amx", torch.bfloat16), ("amx", torch.float16),
-                                             ("amx_planes", torch.bfloat16)], ids=str)
+@pytest.mark.parametrize("algorithm", ["amx", "amx_planes"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("case", list(AMX_CASES))
 def test_amx(case, algorithm, dtype):
     n, c, o, size, kernel, attributes = AMX_CASES[case]
@@ -613,8 +613,8 @@ def test_amx_folds_the_last_axis_of_windows(case, layouts, dtype):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [o, c, *kernel], **attributes), dtype)
 
 
-# amx multiplies f16 on the bf16 tiles as high and low bf16 parts (three
-# exact products). Inputs whose bf16 rounding is biased (1 + j/128 + 3/1024:
+# amx and amx_planes multiply f16 on the bf16 tiles as high and low bf16
+# parts (three exact products). Inputs whose bf16 rounding is biased (1 + j/128 + 3/1024:
 # every one rounds down by 3/1024) show a dropped low part as an error of
 # about 0.3%, where the float64 reference rounded once to f16 is within 0.05%
 # (positive terms, no cancellation). Every path: channels-last 1x1 rows, the
@@ -637,16 +637,17 @@ def biased_half(shape, seed):
 
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+@pytest.mark.parametrize("algorithm", ["amx", "amx_planes"])
 @pytest.mark.parametrize("case", list(AMX_F16_CASES))
-def test_amx_multiplies_f16_to_its_last_bit(case):
+def test_amx_multiplies_f16_to_its_last_bit(case, algorithm):
     data_format, n, c, o, size, kernel, attributes = AMX_F16_CASES[case]
     out = [(x + attributes.get("pads_begin", 0) + attributes.get("pads_end", 0) - k) // attributes.get("strides", 1)
            + 1 for x, k in zip(size, kernel)]
     x = biased_half(data_shape(n, c, size, data_format), 35)
     dy = biased_half(data_shape(n, o, out, data_format), 36)
     attributes = dict(attributes, data_format=data_format, filter_format="OIX")
-    result, ran = run("amx", x, dy, [o, c, *kernel], attributes)
-    assert ran == "amx"
+    result, ran = run(algorithm, x, dy, [o, c, *kernel], attributes)
+    assert ran == algorithm
     expected = REF.conv_backprop_filters(x, dy, [o, c, *kernel], **attributes)
     error = lambda got: ((got.double() - expected).abs() / expected.abs()).max().item()
     assert error(result) < 6e-4
@@ -656,17 +657,18 @@ def test_amx_multiplies_f16_to_its_last_bit(case):
 
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+@pytest.mark.parametrize("algorithm", ["amx", "amx_planes"])
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
-def test_amx_keeps_non_finite_f16(value, data_format):
+def test_amx_keeps_non_finite_f16(value, data_format, algorithm):
     """An infinity's or NaN's low part is NaN, so such f16 calls run ATen: infinities and NaN
     where the reference has them."""
     x = rand(data_shape(2, 8, (6, 7), data_format), torch.float16, seed=37)
     dy = rand(data_shape(2, 12, (6, 7), data_format), torch.float16, seed=38).abs()
     x[(0, 3) if data_format == "NCX" else (0, 0, 0, 3)] = value
     attributes = dict(data_format=data_format, filter_format="OIX")
-    result, ran = run("amx", x, dy, [12, 8, 1, 1], attributes)
-    assert ran == "amx"
+    result, ran = run(algorithm, x, dy, [12, 8, 1, 1], attributes)
+    assert ran == algorithm
     expected = REF.conv_backprop_filters(x, dy, [12, 8, 1, 1], **attributes)
     assert_non_finite_where_expected(result, expected)
 
@@ -739,13 +741,13 @@ def test_amx_planes_keeps_non_finite_inputs_to_the_taps_that_read_them(value):
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 def test_amx_planes_of_the_portable_build(tmp_path):
-    """amx_planes under ATEN_CPU_CAPABILITY=default, where its phase planes are gathered by the
-    portable build: strides 2 and 3 with padding."""
+    """amx_planes under ATEN_CPU_CAPABILITY=default, where its phase planes are gathered (and f16
+    split) by the portable build: strides 2 and 3 with padding."""
     problems = []
-    for stride, size in ((2, (9, 12)), (3, (10, 8))):
+    for stride, size, dtype in ((2, (9, 12), torch.bfloat16), (3, (10, 8), torch.bfloat16), (2, (9, 12), torch.float16)):
         out = [(s + 2 - 3) // stride + 1 for s in size]
-        x = rand(data_shape(2, 6, size, "NCX"), torch.bfloat16, seed=11)
-        dy = rand(data_shape(2, 5, out, "NCX"), torch.bfloat16, seed=12)
+        x = rand(data_shape(2, 6, size, "NCX"), dtype, seed=11)
+        dy = rand(data_shape(2, 5, out, "NCX"), dtype, seed=12)
         problems.append((x, dy, [5, 6, 3, 3], dict(strides=stride, pads_begin=1, pads_end=1, data_format="NCX",
                                                     filter_format="OIX")))
     check_under_capability(problems, "DEFAULT", "amx_planes", tmp_path)

@@ -1,4 +1,4 @@
-// bf16 weight gradients on AMX tiles with the input read in place, through
+// bf16 and f16 weight gradients on AMX tiles with the input read in place, through
 // ATen's brgemm (oneDNN's ukernel), accumulating in float32. Per sample, the
 // input is copied once into phase planes: per channel and per phase r of the
 // strides, plane[i] = padded_input[i * stride + r] (zero in the padding). A
@@ -19,6 +19,10 @@
 // zero, which is exact for finite inputs. With an infinity or NaN in the
 // input it would add NaN to taps whose windows never read that element, so
 // such calls run ATen instead.
+//
+// f16 splits into high and low bf16 parts (split_half, as in amx.cpp): the
+// planes and every panel of B once each, and a tap's product is high * high +
+// high * low + low * high, three products into the same C.
 #include "algorithm.h"
 #include "scratch.h"
 #include "tap_gemm.h"
@@ -69,7 +73,8 @@ struct Planes {
 
 bool supports(const Problem& problem) {
   const at::Tensor& input = problem.input;
-  if (!input.device().is_cpu() || input.layout() != at::kStrided || input.scalar_type() != at::kBFloat16 ||
+  const bool bf16_or_f16 = input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf;
+  if (!input.device().is_cpu() || input.layout() != at::kStrided || !bf16_or_f16 ||
       problem.grad_output.layout() != at::kStrided || problem.groups != 1 || !cpu_runs_brgemm_bf16())
     return false;
   const Geometry g = geometry_of(problem);
@@ -103,8 +108,14 @@ int64_t tap_groups_of(const Geometry& g, int64_t threads) {
 // loads and stores its C at L2 speed, or at about 25 GB/s where a sample has
 // fewer than 512 wide positions (dcgan, 14x14 layers); the planes are copied
 // at about 20 GB/s where the input's positions are adjacent elements, and an
-// element at a time otherwise; B is staged and packed at about 30 GB/s.
-double cost(const Problem&, const Geometry& g) {
+// element at a time otherwise; B is staged and packed at about 30 GB/s. f16
+// (split into high and low bf16 parts, as in amx.cpp) runs three products a
+// tap, which took about twice bf16's tiles and C (ResNet-50's 3x3 64-channel
+// layer 3.3 ms NCX, 4.4 NXC; the strided 3x3 4.1 and 5.6; DCGAN 5.0 and 5.5;
+// the 3-D layer 3.8 and 4.0), and splits the planes and B's panels, 8 bytes
+// an element, at about 60 GB/s.
+double cost(const Problem& problem, const Geometry& g) {
+  const bool half = problem.input.scalar_type() == at::kHalf;
   const Planes planes(g);
   const double m = static_cast<double>(g.in_channels), n = static_cast<double>(g.out_channels);
   const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
@@ -115,12 +126,14 @@ double cost(const Problem&, const Geometry& g) {
   const double plane_bytes = copies * m * planes.phases * planes.plane_stride * 2;
   const double plane_rate = g.input_strides[4] == 1 || g.in[2] == 1 ? 20e9 : 2e9;
   const double b_bytes = copies * n * columns * 2;
-  return 20e-6 + g.macs() * columns / g.out_positions() / (700e9 * width(m) * width(n)) +
-         g.batch * g.taps() * panels * m * n * 8 / c_rate + plane_bytes / plane_rate +
-         b_bytes / 30e9 * (b_needs_staging(g, planes) ? 2 : 1);
+  const double products = half ? 2 : 1;
+  const double split_bytes = half ? (plane_bytes + b_bytes) * 4 : 0;
+  return 20e-6 + products * g.macs() * columns / g.out_positions() / (700e9 * width(m) * width(n)) +
+         products * g.batch * g.taps() * panels * m * n * 8 / c_rate + plane_bytes / plane_rate +
+         b_bytes / 30e9 * (b_needs_staging(g, planes) ? 2 : 1) + split_bytes / 60e9;
 }
 
-using Element = uint16_t;  // bf16, copied as it is
+using Element = uint16_t;  // bf16 or f16, copied as it is
 
 // Sample n's input as planes: (C, phases, plane_stride) at `out`.
 void build_planes(const Element* x, const Geometry& g, const Planes& planes, int64_t n, Element* out) {
@@ -174,20 +187,26 @@ at::Tensor run(const Problem& problem) {
   const int64_t tap_groups = tap_groups_of(g, threads);
   // A's rows: per channel, its planes of each phase.
   const int64_t lda = planes.phases * planes.plane_stride;
-  const auto* x = reinterpret_cast<const Element*>(x5.const_data_ptr<at::BFloat16>());
+  const auto* x = static_cast<const Element*>(x5.const_data_ptr());
   const at::TensorOptions options = problem.input.options();
+  // f16: the planes and B's panels split into high and low bf16 parts
+  // (split_half), three products a tap.
+  const bool half = problem.input.scalar_type() == at::kHalf;
+  const int64_t parts = half ? 2 : 1;
 
   const at::Tensor partials = at::zeros({threads, taps, m, n_columns}, options.dtype(at::kFloat));
   std::atomic<bool> non_finite{false};
   at::parallel_for(0, g.batch * tap_groups, 1, [&](int64_t unit_begin, int64_t unit_end) {
     float* thread_c = partials[at::get_thread_num()].mutable_data_ptr<float>();
-    const at::Tensor plane_data = scratch_tensor(ScratchSlot::PackedInput, {m, lda}, options);
-    auto* a_data = reinterpret_cast<Element*>(plane_data.mutable_data_ptr<at::BFloat16>());
+    const at::Tensor plane_data = scratch_tensor(ScratchSlot::PackedInput, {parts, m, lda}, options);
+    auto* a_data = static_cast<Element*>(plane_data.data_ptr());
+    Element* const a_low = half ? a_data + m * lda : nullptr;
     at::Tensor staged;
     if (staging) staged = scratch_tensor(ScratchSlot::StagedOperand, {n_columns, planes.columns}, options);
     const at::Tensor panel =
-        scratch_tensor(ScratchSlot::VnniPanel, {kPanelColumns / 2, n_columns, 2}, options);
-    auto* panel_data = panel.mutable_data_ptr<at::BFloat16>();
+        scratch_tensor(ScratchSlot::VnniPanel, {parts, kPanelColumns / 2, n_columns, 2}, options);
+    auto* panel_data = static_cast<at::BFloat16*>(panel.data_ptr());
+    at::BFloat16* const panel_low = half ? panel_data + kPanelColumns * n_columns : nullptr;
     int64_t built = -1;  // the sample whose planes and B are in place
     const at::BFloat16* b = nullptr;
     int64_t ldb = 0;
@@ -196,7 +215,8 @@ at::Tensor run(const Problem& problem) {
       if (n != built) {
         built = n;
         build_planes(x, g, planes, n, a_data);
-        if (planes.wide && !all_finite(a_data, m * lda)) {
+        // An f16 infinity's or NaN's low part is NaN.
+        if (half ? !split_half(a_data, m * lda, a_data, a_low) : planes.wide && !all_finite(a_data, m * lda)) {
           non_finite = true;
           break;
         }
@@ -207,24 +227,35 @@ at::Tensor run(const Problem& problem) {
               .as_strided({n_columns, g.out[0], g.out[1], g.out[2]},
                           {planes.columns, planes.extent[1] * planes.extent[2], planes.extent[2], 1})
               .copy_(dy5[n]);
-          b = staged.const_data_ptr<at::BFloat16>();
+          b = static_cast<const at::BFloat16*>(staged.const_data_ptr());
           ldb = planes.columns;
         } else {
-          b = dy5.const_data_ptr<at::BFloat16>() + n * dy5.stride(0);
+          b = static_cast<const at::BFloat16*>(dy5.const_data_ptr()) + n * dy5.stride(0);
           ldb = dy5.stride(1);
         }
       }
       const int64_t tap_begin = tap_group * taps / tap_groups, tap_end = (tap_group + 1) * taps / tap_groups;
       for (int64_t k0 = 0; k0 < planes.columns; k0 += kPanelColumns) {
         const int64_t k = std::min(kPanelColumns, planes.columns - k0);
-        // Pairs of bf16 as one 32-bit element: (N x K/2) -> (K/2 x N).
+        // Pairs of 16-bit elements as one 32-bit element: (N x K/2) -> (K/2 x N).
         transpose_to_rows(b + k0, ldb / 2, panel_data, n_columns, n_columns, k / 2, 4);
+        if (half) {
+          auto* panel_bits = reinterpret_cast<uint16_t*>(panel_data);
+          if (!split_half(panel_bits, k * n_columns, panel_bits, reinterpret_cast<uint16_t*>(panel_low)))
+            non_finite = true;
+        }
         for (int64_t tap = tap_begin; tap < tap_end; ++tap) {
           const int64_t tap_index[3] = {tap / (g.kernel[1] * g.kernel[2]), tap / g.kernel[2] % g.kernel[1],
                                         tap % g.kernel[2]};
-          const auto* a = reinterpret_cast<const at::BFloat16*>(a_data) +
-                          planes.phase(g, tap_index) * planes.plane_stride + planes.offset(g, tap_index) + k0;
-          brgemm_bf16_blocks(m, n_columns, k, lda, a, panel_data, thread_c + tap * m * n_columns, n_columns);
+          const int64_t first = planes.phase(g, tap_index) * planes.plane_stride + planes.offset(g, tap_index) + k0;
+          const auto* a = reinterpret_cast<const at::BFloat16*>(a_data) + first;
+          float* c = thread_c + tap * m * n_columns;
+          brgemm_bf16_blocks(m, n_columns, k, lda, a, panel_data, c, n_columns);
+          if (half) {  // high * low + low * high
+            brgemm_bf16_blocks(m, n_columns, k, lda, a, panel_low, c, n_columns);
+            brgemm_bf16_blocks(m, n_columns, k, lda, reinterpret_cast<const at::BFloat16*>(a_low) + first, panel_data,
+                               c, n_columns);
+          }
         }
       }
     }
