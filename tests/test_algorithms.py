@@ -25,6 +25,14 @@ def dense_problem(data_format="NXC", dtype=torch.float32, n=2, c=8, o=6, size=(9
                                      filter_format="OIX")
 
 
+def output_size(size, kernel, attributes):
+    """The output gradient's spatial sizes under explicit strides, dilations and pads (ints or lists)."""
+    expand = lambda value: [value] * len(size) if isinstance(value, int) else list(value)
+    s, d = expand(attributes.get("strides", 1)), expand(attributes.get("dilations", 1))
+    pb, pe = expand(attributes.get("pads_begin", 0)), expand(attributes.get("pads_end", 0))
+    return [(x + b + e - (k - 1) * dd - 1) // ss + 1 for x, b, e, k, dd, ss in zip(size, pb, pe, kernel, d, s)]
+
+
 AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 # AMX tiles, with the OS's leave to use them (torch asks the kernel for it).
 AMX = AVX512 and torch.cpu._is_amx_tile_supported()
@@ -125,17 +133,13 @@ GEMM_INTERLEAVED_CASES = {
 @pytest.mark.parametrize("case", list(GEMM_INTERLEAVED_CASES))
 def test_gemm_interleaves_the_phases_of_a_strided_last_axis(case, dtype):
     n, c, o, size, kernel, attributes, layout = GEMM_INTERLEAVED_CASES[case]
-    rank = len(size)
-    expand = lambda value: [value] * rank if isinstance(value, int) else list(value)
-    s, d = expand(attributes.get("strides", 1)), expand(attributes.get("dilations", 1))
-    pb, pe = expand(attributes.get("pads_begin", 0)), expand(attributes.get("pads_end", 0))
-    out = [(x + b + e - (k - 1) * dd - 1) // ss + 1 for x, b, e, k, dd, ss in zip(size, pb, pe, kernel, d, s)]
+    out = output_size(size, kernel, attributes)
     data_format = "NCX" if layout == "NCX" else "NXC"
     x = rand(data_shape(n, c, size, data_format), dtype, seed=17)
     if layout == "sliced":  # every other pixel of a twice-as-wide row: not read in place
         x = x[..., ::2, :]
         size = (size[0], size[1] // 2)
-        out = [(x_ + b + e - (k - 1) * dd - 1) // ss + 1 for x_, b, e, k, dd, ss in zip(size, pb, pe, kernel, d, s)]
+        out = output_size(size, kernel, attributes)
     dy = rand(data_shape(n, o, out, data_format), dtype, seed=18)
     groups = attributes.get("groups", 1)
     shape = [o, c // groups, *kernel]
@@ -492,11 +496,7 @@ AMX_CASES = {
 @pytest.mark.parametrize("case", list(AMX_CASES))
 def test_amx(case, algorithm, dtype):
     n, c, o, size, kernel, attributes = AMX_CASES[case]
-    rank = len(size)
-    expand = lambda value: [value] * rank if isinstance(value, int) else list(value)
-    s, d = expand(attributes.get("strides", 1)), expand(attributes.get("dilations", 1))
-    pb, pe = expand(attributes.get("pads_begin", 0)), expand(attributes.get("pads_end", 0))
-    out = [(x + b + e - (k - 1) * dd - 1) // ss + 1 for x, b, e, k, dd, ss in zip(size, pb, pe, kernel, d, s)]
+    out = output_size(size, kernel, attributes)
     x = rand(data_shape(n, c, size, "NCX"), dtype, seed=7)
     dy = rand(data_shape(n, o, out, "NCX"), dtype, seed=8)
     attributes = dict(attributes, data_format="NCX", filter_format="OIX")
@@ -600,11 +600,7 @@ AMX_WINDOW_CASES = {
 @pytest.mark.parametrize("case", list(AMX_WINDOW_CASES))
 def test_amx_folds_the_last_axis_of_windows(case, layouts, dtype):
     n, c, o, size, kernel, attributes = AMX_WINDOW_CASES[case]
-    rank = len(size)
-    expand = lambda value: [value] * rank if isinstance(value, int) else list(value)
-    s, d = expand(attributes.get("strides", 1)), expand(attributes.get("dilations", 1))
-    pb, pe = expand(attributes.get("pads_begin", 0)), expand(attributes.get("pads_end", 0))
-    out = [(x + b + e - (k - 1) * dd - 1) // ss + 1 for x, b, e, k, dd, ss in zip(size, pb, pe, kernel, d, s)]
+    out = output_size(size, kernel, attributes)
     x = rand(data_shape(n, c, size, "NCX"), dtype, seed=31, layout=layouts[0])
     dy = rand(data_shape(n, o, out, "NCX"), dtype, seed=32, layout=layouts[1])
     attributes = dict(attributes, data_format="NCX", filter_format="OIX")
@@ -641,8 +637,7 @@ def biased_half(shape, seed):
 @pytest.mark.parametrize("case", list(AMX_F16_CASES))
 def test_amx_multiplies_f16_to_its_last_bit(case, algorithm):
     data_format, n, c, o, size, kernel, attributes = AMX_F16_CASES[case]
-    out = [(x + attributes.get("pads_begin", 0) + attributes.get("pads_end", 0) - k) // attributes.get("strides", 1)
-           + 1 for x, k in zip(size, kernel)]
+    out = output_size(size, kernel, attributes)
     x = biased_half(data_shape(n, c, size, data_format), 35)
     dy = biased_half(data_shape(n, o, out, data_format), 36)
     attributes = dict(attributes, data_format=data_format, filter_format="OIX")
@@ -813,10 +808,7 @@ AMX_DEPTHWISE_CASES = {
 def test_amx_depthwise(case, layout):
     n, c, size, kernel, attributes = AMX_DEPTHWISE_CASES[case]
     rank = len(size)
-    expand = lambda value: [value] * rank if isinstance(value, int) else list(value)
-    d = expand(attributes.get("dilations", 1))
-    pb, pe = expand(attributes.get("pads_begin", 0)), expand(attributes.get("pads_end", 0))
-    out = [x + b + e - (k - 1) * dd for x, b, e, k, dd in zip(size, pb, pe, kernel, d)]
+    out = output_size(size, kernel, attributes)
     data_format = layout[:3]
     if layout.endswith("sliced"):  # every other row of a twice-as-tall input: rows apart
         tall = (*size[:-2], 2 * size[-2], size[-1]) if rank > 1 else size
