@@ -586,6 +586,8 @@ AMX_WINDOW_CASES = {
     "padded-dilated-outer-axis": (2, 8, 12, (9, 20), (3, 4), dict(strides=(2, 3), pads_begin=(2, 0),
                                                                   pads_end=(1, 0), dilations=(2, 1))),
     "odd-rows": (2, 6, 10, (7, 15), (2, 3), dict(strides=(1, 2))),
+    "odd-positions-padded-rows": (2, 6, 10, (7, 15), (3, 3), dict(strides=(1, 2), pads_begin=(1, 0),
+                                                                  pads_end=(1, 0))),
     "panels": (1, 8, 16, (40, 60), (2, 2), dict(strides=(1, 2))),
     "column-blocks": (2, 300, 16, (6, 8), (2, 2), dict(strides=2)),
     "split-columns": (1, 300, 40, (4, 6), (1, 3), dict(strides=(1, 3))),
@@ -654,13 +656,15 @@ def test_amx_multiplies_f16_to_its_last_bit(case, algorithm):
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 @pytest.mark.parametrize("algorithm", ["amx", "amx_planes"])
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+@pytest.mark.parametrize("holder", ["x", "dy"])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
-def test_amx_keeps_non_finite_f16(value, data_format, algorithm):
+def test_amx_keeps_non_finite_f16(value, holder, data_format, algorithm):
     """An infinity's or NaN's low part is NaN, so such f16 calls run ATen: infinities and NaN
-    where the reference has them."""
-    x = rand(data_shape(2, 8, (6, 7), data_format), torch.float16, seed=37)
+    where the reference has them (only an infinity tells; a NaN gives NaN either way). In either
+    operand: A's rows and B's panels are split on different paths."""
+    x = rand(data_shape(2, 8, (6, 7), data_format), torch.float16, seed=37).abs()
     dy = rand(data_shape(2, 12, (6, 7), data_format), torch.float16, seed=38).abs()
-    x[(0, 3) if data_format == "NCX" else (0, 0, 0, 3)] = value
+    (x if holder == "x" else dy)[(0, 3) if data_format == "NCX" else (0, 0, 0, 3)] = value
     attributes = dict(data_format=data_format, filter_format="OIX")
     result, ran = run(algorithm, x, dy, [12, 8, 1, 1], attributes)
     assert ran == algorithm

@@ -1,6 +1,6 @@
-// bf16 weight gradients on AMX tiles, through ATen's batch-reduce GEMM
-// (at::native::cpublas::brgemm, oneDNN's brgemm ukernel), accumulating in
-// float32. Per kernel tap and sample,
+// bf16 (and f16, below) weight gradients on AMX tiles, through ATen's
+// batch-reduce GEMM (at::native::cpublas::brgemm, oneDNN's brgemm ukernel),
+// accumulating in float32. Per kernel tap and sample,
 //
 //     C[tap] (M x N) += A (M x K) @ B[tap] (K x N),   K = the output's positions,
 //
@@ -87,7 +87,7 @@ int64_t row_stride(int64_t batch, int64_t channels, const int64_t (&spatial)[3],
 // interleaved through a list of their addresses), in place or, for a
 // channels-first input, in a channels-last copy of the sample; A is read in
 // place as m rows of k contiguous elements, or transposed panel by panel
-// from k rows of m channels.
+// from k rows of m channels (f16: always copied, split).
 //   - A channels-last 1x1, stride-1, unpadded layer: both operands are
 //     (samples x positions) x channels rows, one sample; the one with fewer
 //     channels is A.
@@ -191,8 +191,8 @@ bool b_needs_staging(const Geometry& g, const Roles& roles) {
   return !(b_in_place && b_channel_stride % 2 == 0 && positions % 2 == 0);
 }
 
-// K rows a panel of the channels-last path: A's transposed panel and B's
-// VNNI copy stay in L2.
+// K rows a panel of the rows path: A's transposed panel and B's VNNI copy
+// stay in L2.
 constexpr int64_t kRowsPanel = 1024;
 
 // Positions a panel of f16 (SplitOperands), whose K is three times that: an
@@ -211,9 +211,10 @@ constexpr double kSplitTileFactor = 2.0;
 constexpr int64_t kMaxBlockColumns = 512;
 
 // How the rows path splits its work: into panels of rows (every sample's
-// own), each over every block of B's columns; or, with fewer panels than
-// twice the threads, into a block of B's columns a thread, each block
-// transposing A's panels (and staging B's samples) again.
+// own), each over every outer tap and block of B's columns; or, with fewer
+// panels than twice the threads, into a block of B's columns a thread (over
+// every outer tap), each block transposing A's panels (and staging B's
+// samples) again.
 struct RowUnits {
   int64_t panel;  // K rows a panel
   int64_t panels_per_sample, panels, column_blocks, block_columns;
@@ -481,7 +482,7 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
   if (non_finite) return kAtenAlgorithm.run(problem);
   // Partial sums added in thread order: deterministic for a thread count.
   const at::Tensor products = units.split_columns ? partials[0] : partials.sum(0);  // (outer taps, m, n)
-  // As (taps, C, O) views, which canonical_from_taps lays out as (O, C, K).
+  // As (taps, C, O), which canonical_from_taps lays out as (O, C, K).
   at::Tensor taps;
   if (rows.a_is_grad_output)  // (outer taps, O, folded taps, C)
     taps = products.view({rows.outer_taps, g.out_channels, rows.folded_taps, g.in_channels})

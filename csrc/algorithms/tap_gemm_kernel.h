@@ -48,8 +48,8 @@ struct Args {
 // (split_half).
 //
 // The products run on AVX2 and AVX-512 CPUs (gemm uses BLAS elsewhere); the
-// transposition has an AVX2 and a portable build, the gather an AVX-512 and a
-// portable one.
+// transposition has an AVX2 and a portable build, the gather, the
+// interleave and the split an AVX-512 and a portable one.
 #define TORCH_CONVGRAD_TAP_GEMM_DECLARE_BLOCK                                                                    \
   void block(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows, \
              bool pack_a);
