@@ -195,12 +195,12 @@ bool b_needs_staging(const Geometry& g, const Roles& roles) {
 // stay in L2.
 constexpr int64_t kRowsPanel = 1024;
 
-// Positions a panel of f16 (SplitOperands), whose K is three times that: an
-// eighth of bf16's. On the benchmark's 1x1, transposed 2x2 and 1-D layers,
-// panels of a half, a third, a quarter, a sixth and an eighth of bf16's ran
-// faster the smaller (strided 1x1 NXC: 3.3, 3.5, 2.7, 3.1 and 2.5 ms, and 4.2
-// with bf16's; noisy).
-int64_t split_panel_positions(int64_t positions) { return positions / 8; }
+// Positions a panel, given bf16's: f16's (SplitOperands), whose K is three
+// times that, take an eighth of them. On the benchmark's 1x1, transposed 2x2
+// and 1-D layers, panels of a half, a third, a quarter, a sixth and an eighth
+// of bf16's ran faster the smaller (strided 1x1 NXC: 3.3, 3.5, 2.7, 3.1 and
+// 2.5 ms, and 4.2 with bf16's; noisy).
+int64_t panel_positions(int64_t bf16_positions, bool half) { return half ? bf16_positions / 8 : bf16_positions; }
 
 // f16 (SplitOperands): the split's bytes read and written a second, and the
 // tiles' time against bf16's on the same layer.
@@ -220,7 +220,7 @@ struct RowUnits {
   int64_t panels_per_sample, panels, column_blocks, block_columns;
   bool split_columns;
   RowUnits(const Rows& rows, int64_t threads, bool half) {
-    panel = half ? split_panel_positions(kRowsPanel) : kRowsPanel;
+    panel = panel_positions(kRowsPanel, half);
     panels_per_sample = ceil_div(rows.k, panel);
     panels = rows.samples * panels_per_sample;
     split_columns = panels < 2 * threads;
@@ -275,7 +275,7 @@ double roles_cost(const Geometry& g, bool half) {
   const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
   const double units = static_cast<double>(g.batch) * g.taps();
   const double b_bytes = units * n * positions * 2;
-  const double panels = std::ceil(positions / (half ? split_panel_positions(kPanelColumns) : kPanelColumns));
+  const double panels = std::ceil(positions / panel_positions(kPanelColumns, half));
   const double split_bytes = half ? units * (m + n) * positions * 8 : 0;
   double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * width(m) * width(n)) +
                    units * panels * m * n * 8 / 120e9 + b_bytes / 40e9 + split_bytes / kSplitBytesPerSecond;
@@ -509,7 +509,7 @@ at::Tensor run(const Problem& problem) {
 
   const bool half = problem.input.scalar_type() == at::kHalf;
   const int64_t parts = half ? 3 : 1;  // K's copies (SplitOperands)
-  const int64_t panel_columns = half ? split_panel_positions(kPanelColumns) : kPanelColumns;
+  const int64_t panel_columns = panel_positions(kPanelColumns, half);
   std::atomic<bool> non_finite{false};
   const SplitOperands split{&non_finite};
   const int64_t threads = at::get_num_threads();
