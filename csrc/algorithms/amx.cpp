@@ -232,13 +232,22 @@ struct RowUnits {
   }
 };
 
+// A channels-first input's sample staged channels-last that L2 keeps while
+// the panels read it back costs about what reading channels-last data in
+// place does. Measured (2026-11-24, bf16, 2 threads), NCX against NXC: the
+// U-Net layer's samples of 0.1 and 0.4 MB -0.03 and 0.00 ms, the 1-D layer's
+// of 0.26 MB 0.01; samples of 1.0, 1.6 and 4.1 MB 0.12, 0.16 and 0.26 ms,
+// about 20-30 GB/s of staged bytes.
+constexpr double kStagedInL2Bytes = 512 * 1024;
+
 // The rows path's seconds, fitted on the same machine to ResNet-50's 1x1
 // layers and the 1-D layer (2026-11-24: 64 -> 256 on 56x56 in 0.77 ms,
 // 1024 -> 256 on 14x14 in 0.82, the 1-D layer in 0.53 (NXC) and 0.68 (NCX),
 // scaled by 1.23 to the day of the other constants, when oneDNN ran that
 // much slower): the tiles as above, A's transposition and B's interleaving
-// at about 60 GB/s, a channels-first input's transposition at 20, and about
-// 0.25 ms a MiB of float32 result.
+// at about 60 GB/s, a channels-first input's transposition at 20 where its
+// sample outgrows kStagedInL2Bytes, and about 0.25 ms a MiB of float32
+// result.
 double rows_cost(const Geometry& g, const Rows& rows, bool half) {
   const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
   const RowUnits units(rows, at::get_num_threads(), half);
@@ -248,8 +257,9 @@ double rows_cost(const Geometry& g, const Rows& rows, bool half) {
   const double a_copies = units.split_columns ? units.column_blocks : 1;
   const double units_count = static_cast<double>(units.panels) * units.column_blocks * taps;
   const double operand_bytes = k * n * 2 * taps + (rows.a_transposed ? k * m * 2 * a_copies : 0);
+  const double staged_sample = static_cast<double>(g.in[0] * g.in[1] * g.in[2] * g.in_channels * 2);
   const double staged_bytes =
-      rows.b_staged ? static_cast<double>(rows.samples) * g.in[0] * g.in[1] * g.in[2] * g.in_channels * 2 * a_copies : 0;
+      rows.b_staged && staged_sample > kStagedInL2Bytes ? rows.samples * staged_sample * a_copies : 0;
   const double split_bytes = half ? (k * m * a_copies + k * n * taps) * 8 : 0;
   const double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * width(m) * width(n)) +
                          units_count * m * units.block_columns * 8 / 120e9 + operand_bytes / 60e9 +
