@@ -363,14 +363,9 @@ at::vec::Vectorized<A> group_channel(const at::vec::Vectorized<A>& lanes, int64_
   return Vec::loadu(target);
 }
 
-// dst[j * ld_dst + i] = src[i * ld_src + j] for i, j < kLanes. ATen's
-// AVX-512 float transpose takes its sizes at run time and is not inlined: it
-// took half of MobileNetV2's channels-first f32 time here; with this
-// unpack-and-shuffle sequence, in registers throughout, the layer ran 1.9x as
-// fast (3.19 -> 1.67 ms).
 #if defined(CPU_CAPABILITY_AVX512)
 // columns[j] = lane j of rows[0..15], in registers: a 16 x 16 transpose of
-// 32-bit units.
+// 32-bit units. Overwrites rows.
 inline void transpose_registers(__m512 (&rows)[16], __m512 (&columns)[16]) {
   __m512 pairs[16];
   // Within each 128-bit lane k: pairs of rows interleaved, then quads, so
