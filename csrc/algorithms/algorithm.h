@@ -6,6 +6,7 @@
 
 #include "../problem.h"
 
+#include <algorithm>
 #include <string_view>
 
 namespace torch_convgrad {
@@ -89,6 +90,13 @@ bool cpu_is_avx512();
 bool cpu_has_amx_bf16();
 // Whether ATen's bf16 brgemm runs on AMX tiles here and now (amx.cpp).
 bool cpu_runs_brgemm_bf16();
+// What the tile algorithms (amx, amx_planes) take: ungrouped strided CPU
+// tensors of bf16, or of f16 split into bf16 parts, where
+// cpu_runs_brgemm_bf16() (amx.cpp).
+bool runs_on_bf16_tiles(const Problem& problem);
+// The share of a tile product's rows or columns that `channels` keep busy in
+// the tile algorithms' cost models: all from 64 channels.
+inline double tile_width(double channels) { return std::min(1.0, (channels + 32) / 96); }
 // c (m x n, row stride ldc) += a (m x k, row stride lda) @ b, with b the k x n
 // product's operand in VNNI pairs ((k / 2) x n x 2, k even), through ATen's
 // brgemm in blocks of C (amx.cpp). Only where cpu_runs_brgemm_bf16().

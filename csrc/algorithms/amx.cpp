@@ -168,11 +168,7 @@ Roles roles_of(const Geometry& g) {
 }
 
 bool supports(const Problem& problem) {
-  const at::Tensor& input = problem.input;
-  const bool bf16_or_f16 = input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf;
-  if (!(input.device().is_cpu() && input.layout() == at::kStrided && bf16_or_f16 &&
-        problem.grad_output.layout() == at::kStrided && problem.groups == 1 && cpu_runs_brgemm_bf16()))
-    return false;
+  if (!runs_on_bf16_tiles(problem)) return false;
   const Geometry g = geometry_of(problem);
   return roles_of(g).supported || rows_of(g).supported;
 }
@@ -249,7 +245,6 @@ constexpr double kStagedInL2Bytes = 512 * 1024;
 // sample outgrows kStagedInL2Bytes, and about 0.25 ms a MiB of float32
 // result.
 double rows_cost(const Geometry& g, const Rows& rows, bool half) {
-  const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
   const RowUnits units(rows, at::get_num_threads(), half);
   const double m = static_cast<double>(rows.m), n = static_cast<double>(rows.n);
   const double k = static_cast<double>(rows.samples) * rows.k;
@@ -261,7 +256,7 @@ double rows_cost(const Geometry& g, const Rows& rows, bool half) {
   const double staged_bytes =
       rows.b_staged && staged_sample > kStagedInL2Bytes ? rows.samples * staged_sample * a_copies : 0;
   const double split_bytes = half ? (k * m * a_copies + k * n * taps) * 8 : 0;
-  const double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * width(m) * width(n)) +
+  const double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * tile_width(m) * tile_width(n)) +
                          units_count * m * units.block_columns * 8 / 120e9 + operand_bytes / 60e9 +
                          staged_bytes / 20e9 + split_bytes / kSplitBytesPerSecond + taps * m * n * 4 / 4e9;
   // Windows over more than one output row (U-Net's transposed 2x2 layer in
@@ -282,12 +277,11 @@ double roles_cost(const Geometry& g, bool half) {
   const Roles roles = roles_of(g);
   const double positions = static_cast<double>(g.out_positions());
   const double m = static_cast<double>(roles.a_channels), n = static_cast<double>(roles.b_channels);
-  const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
   const double units = static_cast<double>(g.batch) * g.taps();
   const double b_bytes = units * n * positions * 2;
   const double panels = std::ceil(positions / panel_positions(kPanelColumns, half));
   const double split_bytes = half ? units * (m + n) * positions * 8 : 0;
-  double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * width(m) * width(n)) +
+  double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * tile_width(m) * tile_width(n)) +
                    units * panels * m * n * 8 / 120e9 + b_bytes / 40e9 + split_bytes / kSplitBytesPerSecond;
   if (b_needs_staging(g, roles)) {
     const double rows = units * n * g.out[0] * g.out[1];
@@ -506,7 +500,8 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
 at::Tensor run(const Problem& problem) {
   const Geometry g = geometry_of(problem);
   const Rows rows = rows_of(g);
-  if (prefers_rows(g, rows, problem.input.scalar_type() == at::kHalf)) return run_rows(problem, g, rows);
+  const bool half = problem.input.scalar_type() == at::kHalf;
+  if (prefers_rows(g, rows, half)) return run_rows(problem, g, rows);
   const Roles roles = roles_of(g);
   const bool staging = b_needs_staging(g, roles);
   const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
@@ -517,7 +512,6 @@ at::Tensor run(const Problem& problem) {
   const int64_t taps = g.taps();
   const int64_t lda = a_operand.stride(1);
 
-  const bool half = problem.input.scalar_type() == at::kHalf;
   const int64_t parts = half ? 3 : 1;  // K's copies (SplitOperands)
   const int64_t panel_columns = panel_positions(kPanelColumns, half);
   std::atomic<bool> non_finite{false};
@@ -592,6 +586,13 @@ at::Tensor run(const Problem&) {
 }  // namespace
 
 const Algorithm kAmxAlgorithm{"amx", supports, cost, run};
+
+bool runs_on_bf16_tiles(const Problem& problem) {
+  const at::Tensor& input = problem.input;
+  const bool bf16_or_f16 = input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf;
+  return input.device().is_cpu() && input.layout() == at::kStrided && bf16_or_f16 &&
+         problem.grad_output.layout() == at::kStrided && problem.groups == 1 && cpu_runs_brgemm_bf16();
+}
 
 bool cpu_runs_brgemm_bf16() {
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32

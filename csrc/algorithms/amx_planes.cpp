@@ -72,11 +72,7 @@ struct Planes {
 };
 
 bool supports(const Problem& problem) {
-  const at::Tensor& input = problem.input;
-  const bool bf16_or_f16 = input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf;
-  if (!input.device().is_cpu() || input.layout() != at::kStrided || !bf16_or_f16 ||
-      problem.grad_output.layout() != at::kStrided || problem.groups != 1 || !cpu_runs_brgemm_bf16())
-    return false;
+  if (!runs_on_bf16_tiles(problem)) return false;
   const Geometry g = geometry_of(problem);
   return g.batch > 0 && g.out_positions() > 0 && g.in_channels > 0 && g.out_channels > 0;
 }
@@ -118,7 +114,6 @@ double cost(const Problem& problem, const Geometry& g) {
   const bool half = problem.input.scalar_type() == at::kHalf;
   const Planes planes(g);
   const double m = static_cast<double>(g.in_channels), n = static_cast<double>(g.out_channels);
-  const auto width = [](double channels) { return std::min(1.0, (channels + 32) / 96); };
   const double copies = static_cast<double>(g.batch) * tap_groups_of(g, at::get_num_threads());
   const double columns = static_cast<double>(planes.columns);
   const double panels = std::ceil(columns / kPanelColumns);
@@ -128,7 +123,7 @@ double cost(const Problem& problem, const Geometry& g) {
   const double b_bytes = copies * n * columns * 2;
   const double products = half ? 2 : 1;
   const double split_bytes = half ? (plane_bytes + b_bytes) * 4 : 0;
-  return 20e-6 + products * g.macs() * columns / g.out_positions() / (700e9 * width(m) * width(n)) +
+  return 20e-6 + products * g.macs() * columns / g.out_positions() / (700e9 * tile_width(m) * tile_width(n)) +
          products * g.batch * g.taps() * panels * m * n * 8 / c_rate + plane_bytes / plane_rate +
          b_bytes / 30e9 * (b_needs_staging(g, planes) ? 2 : 1) + split_bytes / 60e9;
 }
