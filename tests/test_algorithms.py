@@ -75,7 +75,7 @@ def problem_for(algorithm, data_format="NCX", dtype=torch.float32, **sizes):
         return depthwise_problem(data_format, dtype, **sizes)
     if algorithm == "amx_depthwise":
         return depthwise_problem(data_format, torch.bfloat16, **sizes)
-    if algorithm.startswith("amx") and not (algorithm != "amx_depthwise" and dtype == torch.float16):
+    if algorithm.startswith("amx") and dtype != torch.float16:
         dtype = torch.bfloat16
     return dense_problem(data_format, dtype, **sizes)
 
@@ -157,14 +157,9 @@ def test_gemm_interleaves_the_phases_of_a_strided_last_axis(case, dtype):
     (1, {}), (2, {}), (1, dict(strides=2, pads_begin=1, pads_end=0)), (2, dict(strides=(1, 3), pads_begin=(0, 2)))])
 def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
     size, c, o = (7, 9), 6, 20
-    s = attributes.get("strides", 1)
-    s = [s, s] if isinstance(s, int) else list(s)
-    pb = attributes.get("pads_begin", 0)
-    pb = [pb, pb] if isinstance(pb, int) else list(pb)
-    pe = attributes.get("pads_end", pb)
-    pe = [pe, pe] if isinstance(pe, int) else list(pe)
-    attributes = dict(attributes, pads_end=pe, groups=groups, data_format="NXC", filter_format="OIX")
-    out = [(x + b + e - 1) // ss + 1 for x, b, e, ss in zip(size, pb, pe, s)]
+    pads_end = attributes.get("pads_end", attributes.get("pads_begin", 0))
+    attributes = dict(attributes, pads_end=pads_end, groups=groups, data_format="NXC", filter_format="OIX")
+    out = output_size(size, (1, 1), attributes)
     x = rand(data_shape(2, c, size, "NXC"), dtype, seed=25)
     dy = rand(data_shape(2, o, out, "NXC"), dtype, seed=26)
     shape = [o, c // groups, 1, 1]
@@ -192,10 +187,7 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     n, c, o, size = 5, 8, 6, (9, 10)
     kernel, groups, data_format = case["kernel"], case["groups"], case["data_format"]
     attributes = dict(case["attributes"], groups=groups, data_format=data_format, filter_format="OIX")
-    s = attributes.get("strides", 1)
-    s = [s, s] if isinstance(s, int) else list(s)
-    pb, pe = attributes.get("pads_begin", 0), attributes.get("pads_end", 0)
-    out = [(x + pb + pe - k) // ss + 1 for x, k, ss in zip(size, kernel, s)]
+    out = output_size(size, kernel, attributes)
     x = rand(data_shape(n, c, size, data_format), dtype, seed=27)
     dy = rand(data_shape(n, o, out, data_format), dtype, seed=28)
     shape = [o, c // groups, *kernel]
@@ -746,7 +738,8 @@ def test_amx_planes_of_the_portable_build(tmp_path):
     """amx_planes under ATEN_CPU_CAPABILITY=default, where its phase planes are gathered (and f16
     split) by the portable build: strides 2 and 3 with padding."""
     problems = []
-    for stride, size, dtype in ((2, (9, 12), torch.bfloat16), (3, (10, 8), torch.bfloat16), (2, (9, 12), torch.float16)):
+    for stride, size, dtype in ((2, (9, 12), torch.bfloat16), (3, (10, 8), torch.bfloat16),
+                                (2, (9, 12), torch.float16)):
         out = [(s + 2 - 3) // stride + 1 for s in size]
         x = rand(data_shape(2, 6, size, "NCX"), dtype, seed=11)
         dy = rand(data_shape(2, 5, out, "NCX"), dtype, seed=12)
