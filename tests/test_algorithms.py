@@ -173,8 +173,10 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
 # length (5 samples on 2 and 3 threads), groups, a strided axis whose phases
 # share a plane (packed from channels-first data), the output gradient packed
 # alone (channels-first, no padding), a stride-2 1x1 layer's phase plane
-# (channels-first: BLAS multiplies it), float64 (BLAS throughout), and one
-# thread, which packs every sample at once.
+# (channels-first: BLAS multiplies it, and it is packed channels-first), a
+# padded 1-D line too long to pitch (in float64 its three taps read planes
+# packed channels-first), float64 (BLAS throughout), and one thread, which
+# packs every sample at once.
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("case", [
@@ -182,9 +184,10 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
     dict(kernel=(3, 3), attributes=dict(pads_begin=1, pads_end=1), groups=2, data_format="NCX"),
     dict(kernel=(1, 4), attributes=dict(strides=(1, 2)), groups=1, data_format="NCX"),
     dict(kernel=(1, 1), attributes=dict(strides=2), groups=1, data_format="NCX"),
-], ids=["padded-NXC", "groups-NCX", "unpadded-NCX", "1x1-stride-2-NCX"])
+    dict(kernel=(3,), attributes=dict(pads_begin=1, pads_end=1), groups=1, data_format="NCX", size=(1030,)),
+], ids=["padded-NXC", "groups-NCX", "unpadded-NCX", "1x1-stride-2-NCX", "long-line-NCX"])
 def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
-    n, c, o, size = 5, 8, 6, (9, 10)
+    n, c, o, size = 5, 8, 6, case.get("size", (9, 10))
     kernel, groups, data_format = case["kernel"], case["groups"], case["data_format"]
     attributes = dict(case["attributes"], groups=groups, data_format=data_format, filter_format="OIX")
     out = output_size(size, kernel, attributes)
