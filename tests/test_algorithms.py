@@ -174,9 +174,9 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
 # share a plane (packed from channels-first data), the output gradient packed
 # alone (channels-first, no padding), a stride-2 1x1 layer's phase plane
 # (channels-first: BLAS multiplies it, and it is packed channels-first), a
-# padded 1-D line too long to pitch (in float64 its three taps read planes
-# packed channels-first), float64 (BLAS throughout), and one thread, which
-# packs every sample at once.
+# padded 1-D line too long to pitch and a stride-3 axis of two phase planes
+# in groups (in float64 their taps read planes packed channels-first),
+# float64 (BLAS throughout), and one thread, which packs every sample at once.
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("case", [
@@ -185,7 +185,8 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
     dict(kernel=(1, 4), attributes=dict(strides=(1, 2)), groups=1, data_format="NCX"),
     dict(kernel=(1, 1), attributes=dict(strides=2), groups=1, data_format="NCX"),
     dict(kernel=(3,), attributes=dict(pads_begin=1, pads_end=1), groups=1, data_format="NCX", size=(1030,)),
-], ids=["padded-NXC", "groups-NCX", "unpadded-NCX", "1x1-stride-2-NCX", "long-line-NCX"])
+    dict(kernel=(2, 1), attributes=dict(strides=(3, 1)), groups=2, data_format="NCX"),
+], ids=["padded-NXC", "groups-NCX", "unpadded-NCX", "1x1-stride-2-NCX", "long-line-NCX", "two-planes-groups-NCX"])
 def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     n, c, o, size = 5, 8, 6, case.get("size", (9, 10))
     kernel, groups, data_format = case["kernel"], case["groups"], case["data_format"]

@@ -11,8 +11,9 @@
 // over the flat (spatial) rows of every sample, on strided views read
 // directly: by a fused kernel that computes every tap at once (tap_gemm.h)
 // where the CPU has one, by BLAS otherwise. The input is packed into
-// zero-padded channels-last phase planes only where padding or stride need
-// it; a 1x1 stride-1 weight gradient on either layout needs no copy at all.
+// zero-padded phase planes (channels-last, or channels-first for BLAS) only
+// where padding or stride need it; a 1x1 stride-1 weight gradient on either
+// layout needs no copy at all.
 // Both accumulate in float32: the fused kernel reads f16/bf16 as they are and
 // converts them in its panels, and for BLAS they are converted in one copy
 // (the packing one where there is one). Rows of the
@@ -298,13 +299,17 @@ double products_macs_per_second(const Geometry& g, bool fused) {
 // place too (float32, 1x1 with stride 1) and runs faster: on a Sapphire
 // Rapids Xeon (2 threads, channels-last f32) MKL ran ResNet's 1x1 layers
 // 1024->256 at 14x14 1.23x and 64->256 at 56x56 1.07x as fast as the fused
-// kernel, in one process, interleaved. BLAS multiplies
+// kernel, in one process, interleaved. With more taps read in place (an
+// unpadded 3x3, channels-last, N=8) neither won throughout, BLAS running
+// 0.90x as fast at 96 channels (58x58), 0.98x at 128 (30x30) and 1.15x at 256
+// (16x16), so those stay on the fused kernel. BLAS multiplies
 // channels-first data in place: an input read in place (1x1, stride 1), and
 // a channels-first output gradient without the planes' pitch where there is
 // one tap (1x1 with stride: transposing it would cost more than sharing its
 // loads between taps saves; with more taps it is packed as rows).
 bool fused_kernel_reads_rows(const Problem& problem, const Layout& layout, const Geometry& g) {
-  const bool blas_reads_in_place = layout.direct && problem.input.scalar_type() == at::kFloat;
+  const bool blas_reads_in_place =
+      layout.direct && !layout.pitched && g.taps() == 1 && problem.input.scalar_type() == at::kFloat;
   return problem.input.is_cpu() && problem.input.scalar_type() != at::kDouble && cpu_runs_avx2_kernels() &&
          (!layout.direct || problem.input.stride(1) == 1) &&
          (layout.pitched || problem.grad_output.stride(1) == 1 || g.taps() > 1) &&
@@ -319,13 +324,16 @@ bool packs_grad_output(const Problem& problem, const Layout& layout, bool fused)
 
 // Whether pack_input keeps channels-first data channels-first: for BLAS,
 // which reads either, where no axis is interleaved and the output gradient
-// is read in place channels-first, so that samples are multiplied one at a
+// is read in place channels-first (more than one channel: one channel's
+// rows flatten across samples), so that samples are multiplied one at a
 // time whatever the planes' layout. Copied without the transposition, ResNet's
-// stride-2 1x1 layer (256->512, 56->28, N=8, f32) ran 1.10x as fast (5.73
-// ms against 6.29; Sapphire Rapids, 2 threads, interleaved).
-bool packs_input_channels_first(const Problem& problem, const Layout& layout, bool fused_rows, bool packs_dy) {
+// stride-2 1x1 layer (256->512, 56->28, N=8, f32) ran 1.05-1.10x as fast
+// (5.73 ms against 6.29; Sapphire Rapids, 2 threads, interleaved), and 1.07x
+// with ATen's AVX2 kernels forced on that CPU.
+bool packs_input_channels_first(const Problem& problem, const Layout& layout, const Geometry& g, bool fused_rows,
+                                bool packs_dy) {
   return !fused_rows && !packs_dy && !layout.direct && layout.plans[2].interleave == 1 &&
-         problem.input.stride(1) != 1 && problem.grad_output.stride(1) != 1;
+         problem.input.stride(1) != 1 && problem.grad_output.stride(1) != 1 && g.out_channels > 1;
 }
 
 // Below this many rows per product, samples are multiplied together where
@@ -446,13 +454,14 @@ at::Tensor run(const Problem& problem) {
   const bool fused_rows = fused_kernel_reads_rows(problem, layout, g);
   const at::ScalarType storage = fused_rows ? problem.input.scalar_type() : dtype;
   const bool packs_dy = packs_grad_output(problem, layout, fused_rows);
-  const bool planes_first = packs_input_channels_first(problem, layout, fused_rows, packs_dy);
+  const bool planes_first = packs_input_channels_first(problem, layout, g, fused_rows, packs_dy);
   // The flat rows of one sample's output gradient that hold windows.
   const int64_t pitch1 = plans[2].length, pitch0 = plans[1].length * pitch1;
   const int64_t rows = (g.out[0] - 1) * pitch0 + (g.out[1] - 1) * pitch1 + g.out[2];
   const TapPlacement placement = place_taps(layout, g);
   // The fused kernel computes every tap at once from row-major operands; BLAS
-  // takes the rest (float64, channels-first operands, other devices).
+  // takes the rest (float64, channels-first operands, f32 1x1 products it
+  // runs faster, other devices).
   const auto fused_reads = [&](const at::Tensor& planes, const at::Tensor& grad_output) {
     return fused_rows && planes.stride(3) == 1 && grad_output.stride(2) == 1;
   };
@@ -534,7 +543,8 @@ bool supports(const Problem&) { return true; }
 // threads) over ResNet, U-Net, DCGAN, audio and video layers: the fused
 // kernel runs at about 60 GMAC/s from 64 channels a side, BLAS at about 48
 // and less below 128 channels; packing copies about 6 GB/s from channels-last
-// data and 3 GB/s from channels-first (a transposition); each BLAS product
+// data and 3 GB/s from channels-first (a transposition, or a strided gather
+// kept channels-first); each BLAS product
 // call costs about 4 us. On an Intel Xeon (Sapphire Rapids, AVX-512, 2
 // threads), BLAS ran 1x1 NCX layers at 130-165 GMAC/s and channels-last copies
 // of phase planes at 19-21 GB/s, channels-first ones at 9 (2026-11-23). The
@@ -577,7 +587,7 @@ double cost(const Problem& problem, const Geometry& g) {
   // axis take a pixel at a time, or an element at a time where they stay
   // channels-first (11 GB/s on the Xeon, ResNet's stride-2 1x1 NCX f32).
   const auto pack_bytes_per_second = [avx512](bool channels_last, bool transposes, bool contiguous_rows) {
-    if (!avx512) return transposes ? 3e9 : 6e9;
+    if (!avx512) return transposes || !(channels_last || contiguous_rows) ? 3e9 : 6e9;
     if (transposes) return contiguous_rows ? 15e9 : 8e9;
     return contiguous_rows ? 25e9 : channels_last ? 16e9 : 11e9;
   };
@@ -589,7 +599,7 @@ double cost(const Problem& problem, const Geometry& g) {
     return packs ? packed_bytes / bytes_per_second : converts ? bytes / convert_bytes_per_second : 0.0;
   };
   const bool input_rows_contiguous = g.stride[2] == 1 || layout.plans[2].interleave > 1;
-  const bool planes_first = packs_input_channels_first(problem, layout, fused, packs_dy);
+  const bool planes_first = packs_input_channels_first(problem, layout, g, fused, packs_dy);
   const bool grad_output_channels_last = problem.grad_output.stride(1) == 1;
   seconds += copy_seconds(!layout.direct, plane_bytes, input_bytes,
                           pack_bytes_per_second(input_channels_last, !input_channels_last && !planes_first,
