@@ -202,15 +202,11 @@ at::Tensor pack_input(const at::Tensor& x5, const AxisPlan (&plans)[3], at::Scal
   // plane's (length * stride) holds input position u + origin * stride.
   int64_t lengths[3];
   for (int64_t axis = 0; axis < 3; ++axis) lengths[axis] = plans[axis].length * plans[axis].interleave;
-  const int64_t plane_count = counts[0] * counts[1] * counts[2];
-  const at::Tensor packed =
-      channels_first ? scratch_tensor(ScratchSlot::PackedInput,
-                                      {plane_count, g.batch, g.in_channels, lengths[0], lengths[1], lengths[2]},
-                                      x5.options().dtype(dtype))
-                           .permute({0, 1, 3, 4, 5, 2})
-                     : scratch_tensor(ScratchSlot::PackedInput,
-                                      {plane_count, g.batch, lengths[0], lengths[1], lengths[2], g.in_channels},
-                                      x5.options().dtype(dtype));
+  // (planes, N, L0, L1, L2, C), its channels stored first or last.
+  std::vector<int64_t> sizes = {counts[0] * counts[1] * counts[2], g.batch, lengths[0], lengths[1], lengths[2]};
+  sizes.insert(sizes.begin() + (channels_first ? 2 : 5), g.in_channels);
+  at::Tensor packed = scratch_tensor(ScratchSlot::PackedInput, sizes, x5.options().dtype(dtype));
+  if (channels_first) packed = packed.permute({0, 1, 3, 4, 5, 2});
   const at::Tensor x_nxc = x5.permute({0, 2, 3, 4, 1});
   for (int64_t p0 = 0; p0 < counts[0]; ++p0)
     for (int64_t p1 = 0; p1 < counts[1]; ++p1)
