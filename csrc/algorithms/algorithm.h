@@ -88,6 +88,9 @@ bool cpu_is_avx512();
 // Whether the CPU multiplies bf16 on AMX tiles, as oneDNN does for its bf16
 // convolutions there.
 bool cpu_has_amx_bf16();
+// Whether the CPU has AVX-512 F, DQ, BW and VL, whatever ATen's capability
+// says: where ATen hands bf16 convolutions to oneDNN as they are.
+bool cpu_has_avx512_core();
 // Whether ATen's bf16 brgemm runs on AMX tiles here and now (amx.cpp).
 bool cpu_runs_brgemm_bf16();
 // What the tile algorithms (amx, amx_planes) take: ungrouped strided CPU

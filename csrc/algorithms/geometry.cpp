@@ -84,24 +84,38 @@ bool cpu_is_avx512() {
   return avx512;
 }
 
-bool cpu_has_amx_bf16() {
+namespace {
+
+// Whether CPUID leaf 7 reports every feature of `ebx_bits` and `edx_bits`,
+// and the OS saves the register state of XCR0's `xcr0_bits`.
+bool cpu_reports(unsigned ebx_bits, unsigned edx_bits, unsigned xcr0_bits) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool amx_bf16 = [] {
-    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-    constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24, kOsXsave = 1u << 27;
-    if ((edx & kAmxBf16) == 0 || (edx & kAmxTile) == 0) return false;
-    // And the OS saves the tile state (XCR0 bits 17 and 18).
-    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & kOsXsave) == 0) return false;
-    unsigned low = 0, high = 0;
-    asm volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
-    constexpr unsigned kTileState = (1u << 17) | (1u << 18);
-    return (low & kTileState) == kTileState;
-  }();
-  return amx_bf16;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  if ((ebx & ebx_bits) != ebx_bits || (edx & edx_bits) != edx_bits) return false;
+  constexpr unsigned kOsXsave = 1u << 27;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & kOsXsave) == 0) return false;
+  unsigned low = 0, high = 0;
+  asm volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
+  return (low & xcr0_bits) == xcr0_bits;
 #else
   return false;
 #endif
+}
+
+}  // namespace
+
+bool cpu_has_amx_bf16() {
+  constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24, kTileState = (1u << 17) | (1u << 18);
+  static const bool amx_bf16 = cpu_reports(0, kAmxBf16 | kAmxTile, kTileState);
+  return amx_bf16;
+}
+
+bool cpu_has_avx512_core() {
+  constexpr unsigned kF = 1u << 16, kDq = 1u << 17, kBw = 1u << 30, kVl = 1u << 31;
+  constexpr unsigned kZmmState = 0xe6;  // SSE, AVX, opmask and both halves of the zmm registers
+  static const bool avx512_core = cpu_reports(kF | kDq | kBw | kVl, 0, kZmmState);
+  return avx512_core;
 }
 
 }  // namespace torch_convgrad
