@@ -81,16 +81,27 @@ at::Tensor canonical_from_taps(const at::Tensor& taps, const Geometry& g, int64_
 // included); at::get_cpu_capability() honours ATEN_CPU_CAPABILITY.
 bool cpu_runs_avx2_kernels();
 
-// The CPU cost models hold one calibration for AVX2 CPUs and one for AVX-512
-// CPUs, where ATen and oneDNN run their AVX-512 kernels (ATen's capability
-// says which, and honours ATEN_CPU_CAPABILITY).
+// Whether ATen and oneDNN run their AVX-512 kernels (ATen's capability says,
+// and honours ATEN_CPU_CAPABILITY).
 bool cpu_is_avx512();
+// The calibration the CPU cost models use, chosen by what the CPU has: ATen's
+// capability (cpu_is_avx512()) and AMX tiles. Each was measured on one CPU,
+// with 2 threads.
+enum class CpuCalibration {
+  Avx2,       // an AMD EPYC (Zen 3)
+  Avx512,     // AVX-512 without AMX: an AMD EPYC (Zen 4, with AVX-512 BF16)
+  Avx512Amx,  // an Intel Xeon (Sapphire Rapids)
+};
+CpuCalibration cpu_calibration();
 // Whether the CPU multiplies bf16 on AMX tiles, as oneDNN does for its bf16
 // convolutions there.
 bool cpu_has_amx_bf16();
 // Whether the CPU has AVX-512 F, DQ, BW and VL, whatever ATen's capability
 // says: where ATen hands bf16 convolutions to oneDNN as they are.
 bool cpu_has_avx512_core();
+// Whether the CPU has AVX-512 BF16's bf16 dot products, which oneDNN's bf16
+// convolutions run on where there are no AMX tiles.
+bool cpu_has_avx512_bf16();
 // Whether ATen's bf16 brgemm runs on AMX tiles here and now (amx.cpp).
 bool cpu_runs_brgemm_bf16();
 // What the tile algorithms (amx, amx_planes) take: ungrouped strided CPU

@@ -298,8 +298,8 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   return g.macs() / macs_per_second;
 }
 
-// Seconds of oneDNN's weight gradient on an AVX-512 CPU. Measured with torch
-// 2.13 on an Intel Xeon (Sapphire Rapids, AVX-512 with AMX, 2 threads) over
+// Seconds of oneDNN's weight gradient on an AVX-512 CPU with AMX. Measured with
+// torch 2.13 on an Intel Xeon (Sapphire Rapids, 2 threads) over
 // the benchmark's layers (2026-11-23), in float32: 3x3 at 135-180 GMAC/s
 // (NXC) and 135-155 (NCX), 105-145 with strides (on 2026-11-24, 1.2-1.3 times
 // as fast, U-Net's 2x2 and DCGAN's 4x4 with stride 2 ran at 130-170, a 3x3
@@ -318,11 +318,10 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
 // 2026-11-24), and 2.5 times on channels-last 1x1 layers with more input
 // channels (1024 -> 256 on 14x14: 0.99-1.01 ms, where amx took 0.85; the
 // model had it at 0.95), 3.5 with strides (256 -> 512 on 56 -> 28: 1.39-1.49
-// ms on 2026-11-24, where amx took 1.67); without AMX it is taken to run as
-// float32 (not measured). f16
-// runs on float32 copies (see accumulates_in_float32).
+// ms on 2026-11-24, where amx took 1.67). f16 runs on float32 copies (see
+// accumulates_in_float32).
 constexpr double kDepthwiseSetupSeconds = 30e-6;
-double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
+double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16 = problem.input.scalar_type() == at::kBFloat16;
   if (g.in_channels == g.groups && g.out_channels == g.groups) {
     const double bytes_per_second = (bf16 ? (nxc ? 11e9 : 7e9) : (nxc ? 35e9 : 9e9)) / (g.taps() > 9 ? 20 : 1);
@@ -339,7 +338,7 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   else
     macs_per_second = nxc ? 160e9 : 145e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
-  if (bf16 && cpu_has_amx_bf16())
+  if (bf16)
     macs_per_second *= g.in_channels < 128 && (g.taps() == 1 || strided || problem.spatial_rank() == 1) ? 2.2
                        : g.taps() == 1 && nxc ? (strided ? 3.5 : 2.5)
                                               : 3.3;
@@ -347,6 +346,45 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
     macs_per_second *= 0.37;
   else if (problem.spatial_rank() == 1)  // the audio layer (k10 s5) on NCX data: 2.7-3.1 ms, 85-97 GMAC/s
     macs_per_second *= 0.65;
+  return g.macs() / macs_per_second;
+}
+
+// Seconds of oneDNN's weight gradient on an AVX-512 CPU without AMX. Measured
+// with torch 2.13 on an AMD EPYC (Zen 4, AVX-512 BF16, 2 threads) over the
+// benchmark's layers (2026-11-24), in float32: 3x3 at 89 GMAC/s (NXC) and
+// 59-83 (NCX), 64-78 with stride 2, 67-104 where the stride divides the
+// kernel (U-Net, DCGAN, the 1-D layer); 1x1 at 61-82, with stride 2 at 83
+// (NXC) and 76 (NCX); 3-D at 24-27. bf16 runs on the CPU's bf16 dot products
+// at 1.3-2.7 times the float32 rate (about twice the NXC one, in either
+// layout), in 3-D too (205 GMAC/s). Depthwise 3x3 read its
+// data at 12 GB/s (NXC f32), 7 (NCX f32), 4-6 (bf16), twice that with stride
+// 2, and 7x7 at a tenth to a fortieth of it. Without AVX-512 BF16, bf16 is
+// taken to run at the float32 rate (not measured).
+double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
+  const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
+  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  if (g.in_channels == g.groups && g.out_channels == g.groups) {
+    const double bytes_per_second = (bf16_products ? (nxc ? 4e9 : 6e9) : (nxc ? 12e9 : 7e9)) *
+                                    (strided ? 2 : 1) / (g.taps() > 9 ? 15 : 1);
+    return kDepthwiseSetupSeconds + g.data_bytes(problem.input.element_size()) / bytes_per_second;
+  }
+  bool stride_divides_kernel = true;
+  for (int64_t axis = 0; axis < 3; ++axis) stride_divides_kernel &= g.kernel[axis] % g.stride[axis] == 0;
+  // bf16 runs channels-first data as fast as channels-last.
+  const bool channels_last_rate = nxc || bf16_products;
+  double macs_per_second;
+  if (g.taps() == 1)
+    macs_per_second = strided ? (channels_last_rate ? 85e9 : 76e9) : 70e9;
+  else if (strided)
+    macs_per_second = stride_divides_kernel ? 85e9 : (channels_last_rate ? 64e9 : 78e9);
+  else
+    macs_per_second = channels_last_rate ? 89e9 : 70e9;
+  macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
+  if (problem.spatial_rank() == 1) macs_per_second *= 0.8;
+  if (bf16_products)
+    macs_per_second *= 2;
+  else if (problem.spatial_rank() == 3)
+    macs_per_second *= 0.3;
   return g.macs() / macs_per_second;
 }
 
@@ -406,8 +444,11 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   // Not measured on CPUs, where it runs only when forced.
   if (layout == DataLayout::ChannelsFirst) return 1e30;
   const bool nxc = channels_last || is_channels_last(problem.input);
-  const bool avx512 = cpu_is_avx512();
-  double onednn_seconds = avx512 ? avx512_cpu_seconds(problem, g, nxc) : avx2_cpu_seconds(problem, g, nxc);
+  const CpuCalibration calibration = cpu_calibration();
+  const bool avx512 = calibration != CpuCalibration::Avx2;
+  double onednn_seconds = calibration == CpuCalibration::Avx512Amx ? avx512_amx_cpu_seconds(problem, g, nxc)
+                          : avx512                                 ? avx512_cpu_seconds(problem, g, nxc)
+                                                                   : avx2_cpu_seconds(problem, g, nxc);
   // float64 products at half the float32 rate (depthwise is counted in bytes).
   if (problem.input.scalar_type() == at::kDouble && !depthwise) onednn_seconds *= 2;
   double seconds = 25e-6 + copy_bytes / 6e9 + onednn_seconds;

@@ -31,9 +31,18 @@ namespace kernel = depthwise_kernel;
 // Shorter rows run slower (2026-11-24, bf16, ConvNeXt's 7x7 layers, N=8, 56
 // down to 7 windows a row: 101, 74, 36 and 24 GMAC/s; 224 windows, N=1: 97):
 // 2.5 times the long rows' rate * windows / (windows + 85), at most that rate.
-double bytes_per_second() { return cpu_is_avx512() ? 21e9 : 16e9; }
+// On an AMD EPYC (Zen 4, AVX-512 without AMX) MobileNetV2's layers streamed at
+// 12-16 GB/s in f32 with stride 1 and 21 with stride 2, 8 and 15-21 in bf16,
+// and ConvNeXt ran at 58 (f32) and 76 GMAC/s (bf16; 2026-11-24).
+double bytes_per_second() {
+  const CpuCalibration calibration = cpu_calibration();
+  return calibration == CpuCalibration::Avx512Amx ? 21e9 : 16e9;
+}
 double depthwise_macs_per_second(double windows) {
-  const double long_rows = cpu_is_avx512() ? 100e9 : 45e9;
+  const CpuCalibration calibration = cpu_calibration();
+  const double long_rows = calibration == CpuCalibration::Avx512Amx ? 100e9
+                           : calibration == CpuCalibration::Avx512  ? 65e9
+                                                                    : 45e9;
   return std::min(long_rows, 2.5 * long_rows * windows / (windows + 85));
 }
 constexpr double kGroupedMacsPerSecond = 35e9;

@@ -86,13 +86,16 @@ bool cpu_is_avx512() {
 
 namespace {
 
-// Whether CPUID leaf 7 reports every feature of `ebx_bits` and `edx_bits`,
-// and the OS saves the register state of XCR0's `xcr0_bits`.
-bool cpu_reports(unsigned ebx_bits, unsigned edx_bits, unsigned xcr0_bits) {
+// Whether CPUID leaf 7 reports every feature of `ebx_bits` and `edx_bits`
+// (subleaf 0) and of `eax1_bits` (subleaf 1), and the OS saves the register
+// state of XCR0's `xcr0_bits`.
+bool cpu_reports(unsigned ebx_bits, unsigned edx_bits, unsigned eax1_bits, unsigned xcr0_bits) {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   if ((ebx & ebx_bits) != ebx_bits || (edx & edx_bits) != edx_bits) return false;
+  if (eax1_bits != 0 && (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || (eax & eax1_bits) != eax1_bits))
+    return false;
   constexpr unsigned kOsXsave = 1u << 27;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & kOsXsave) == 0) return false;
   unsigned low = 0, high = 0;
@@ -103,19 +106,34 @@ bool cpu_reports(unsigned ebx_bits, unsigned edx_bits, unsigned xcr0_bits) {
 #endif
 }
 
+constexpr unsigned kAvx512F = 1u << 16, kAvx512Dq = 1u << 17, kAvx512Bw = 1u << 30, kAvx512Vl = 1u << 31;
+constexpr unsigned kAvx512Core = kAvx512F | kAvx512Dq | kAvx512Bw | kAvx512Vl;
+constexpr unsigned kZmmState = 0xe6;  // SSE, AVX, opmask and both halves of the zmm registers
+
 }  // namespace
 
 bool cpu_has_amx_bf16() {
   constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24, kTileState = (1u << 17) | (1u << 18);
-  static const bool amx_bf16 = cpu_reports(0, kAmxBf16 | kAmxTile, kTileState);
+  static const bool amx_bf16 = cpu_reports(0, kAmxBf16 | kAmxTile, 0, kTileState);
   return amx_bf16;
 }
 
 bool cpu_has_avx512_core() {
-  constexpr unsigned kF = 1u << 16, kDq = 1u << 17, kBw = 1u << 30, kVl = 1u << 31;
-  constexpr unsigned kZmmState = 0xe6;  // SSE, AVX, opmask and both halves of the zmm registers
-  static const bool avx512_core = cpu_reports(kF | kDq | kBw | kVl, 0, kZmmState);
+  static const bool avx512_core = cpu_reports(kAvx512Core, 0, 0, kZmmState);
   return avx512_core;
+}
+
+bool cpu_has_avx512_bf16() {
+  constexpr unsigned kAvx512Bf16 = 1u << 5;
+  static const bool avx512_bf16 = cpu_reports(kAvx512Core, 0, kAvx512Bf16, kZmmState);
+  return avx512_bf16;
+}
+
+CpuCalibration cpu_calibration() {
+  static const CpuCalibration calibration = !cpu_is_avx512()    ? CpuCalibration::Avx2
+                                            : cpu_has_amx_bf16() ? CpuCalibration::Avx512Amx
+                                                                 : CpuCalibration::Avx512;
+  return calibration;
 }
 
 }  // namespace torch_convgrad
