@@ -357,15 +357,17 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
 // (NXC) and 76 (NCX); 3-D at 24-27. bf16 runs on the CPU's bf16 dot products
 // at 1.3-2.7 times the float32 rate (about twice the NXC one, in either
 // layout), in 3-D too (205 GMAC/s). Depthwise 3x3 read its
-// data at 12 GB/s (NXC f32), 7 (NCX f32), 4-6 (bf16), twice that with stride
-// 2, and 7x7 at a tenth to a fortieth of it. Without AVX-512 BF16, bf16 is
+// data at 12 GB/s (NXC f32), 7 (NCX f32), 4-7 (bf16), twice that with stride
+// 2 (bf16 NXC: 21-33), and 7x7 at a tenth to a fortieth of it. Without
+// AVX-512 BF16, bf16 is
 // taken to run at the float32 rate (not measured).
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
   if (g.in_channels == g.groups && g.out_channels == g.groups) {
-    const double bytes_per_second = (bf16_products ? (nxc ? 4e9 : 6e9) : (nxc ? 12e9 : 7e9)) *
-                                    (strided ? 2 : 1) / (g.taps() > 9 ? 15 : 1);
+    const double stride_gain = strided ? (bf16_products && nxc ? 4 : 2) : 1;
+    const double bytes_per_second =
+        (bf16_products ? (nxc ? 5e9 : 6e9) : (nxc ? 12e9 : 7e9)) * stride_gain / (g.taps() > 9 ? 15 : 1);
     return kDepthwiseSetupSeconds + g.data_bytes(problem.input.element_size()) / bytes_per_second;
   }
   bool stride_divides_kernel = true;
