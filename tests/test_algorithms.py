@@ -36,8 +36,6 @@ def output_size(size, kernel, attributes):
 AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 # AMX tiles, with the OS's leave to use them (torch asks the kernel for it).
 AMX = AVX512 and torch.cpu._is_amx_tile_supported()
-# The cost models' calibrations (CpuCalibration in csrc/algorithms/algorithm.h).
-CALIBRATION = "avx512_amx" if AMX else "avx512" if AVX512 else "avx2"
 
 
 def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16, size=(10, 11)):
@@ -407,13 +405,13 @@ def test_every_algorithm_is_deterministic(algorithm, dtype):
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_the_selector_avoids_slow_paths(data_format):
-    """Choices measured on both calibrated CPUs: the dedicated kernel for small depthwise problems
+    """Choices measured on the calibrated CPUs: the dedicated kernel for small depthwise problems
     and groups of a few channels (33 us against ATen's 134 on Zen 3, 45 against 77 on Sapphire
     Rapids), and GEMMs for wide 1x1 problems on NCX data (a plain product per sample, which ATen
     computes through its convolution machinery; on NXC data ATen's is a plain product too). For
     a tiny problem whose accumulator is already the requested XIO layout, the direct loops where
     oneDNN runs AVX2 kernels (28 us against 36), and ATen where it runs AVX-512 ones (22 against
-    29)."""
+    29 on Sapphire Rapids; on Zen 4 the two tie at 30)."""
     assert run(None, *depthwise_problem(data_format, c=64, size=(32, 32)))[1] == "depthwise"
     assert run(None, *depthwise_problem(data_format, c=8, size=(8, 8)))[1] == "depthwise"
     if data_format == "NXC":
@@ -425,21 +423,27 @@ def test_the_selector_avoids_slow_paths(data_format):
         assert run(None, x, dy, [256, 256, 1, 1], dict(data_format="NCX", filter_format="OIX"))[1] == "gemm"
 
 
-F32_1X1_CHANNELS_LAST_PICKS = {
-    # oneDNN ran the 64 -> 256 layer at 140-150 GMAC/s, faster than gemm, and the 1024 -> 256
-    # one at 118-120, where gemm ran 1.07-1.12 times as fast (Sapphire Rapids).
-    "avx512_amx": [(64, 56, "aten"), (1024, 14, "gemm")],
-    # The fused kernel ran the 64 -> 256 layer at 72 GMAC/s, oneDNN at 61 (Zen 4).
-    "avx512": [(64, 56, "gemm")],
-}
-
-
-@pytest.mark.skipif(CALIBRATION not in F32_1X1_CHANNELS_LAST_PICKS, reason="an AVX-512 calibration")
-@pytest.mark.parametrize("c,size,expected", F32_1X1_CHANNELS_LAST_PICKS.get(CALIBRATION, []))
+@pytest.mark.skipif(not AMX, reason="the calibration of AVX-512 CPUs with AMX")
+@pytest.mark.parametrize("c,size,expected", [(64, 56, "aten"), (1024, 14, "gemm")])
 def test_f32_1x1_channels_last_picks(c, size, expected):
-    """ResNet-50's channels-last 1x1 layers in f32, 2 threads."""
+    """ResNet-50's channels-last 1x1 layers in f32: oneDNN ran the 64 -> 256 one at 140-150
+    GMAC/s, faster than gemm, and the 1024 -> 256 one at 118-120, where gemm ran 1.07-1.12 times
+    as fast (Sapphire Rapids, 2 threads)."""
     x, dy = rand(data_shape(8, c, (size, size), "NXC"), seed=5), rand(data_shape(8, 256, (size, size), "NXC"), seed=6)
     assert run(None, x, dy, [256, c, 1, 1], dict(data_format="NXC", filter_format="OIX"))[1] == expected
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
+                    reason="the fused kernel runs on AVX2 and AVX-512 CPUs")
+def test_gemm_multiplies_f32_channels_last_1x1_where_it_measured_faster():
+    """gemm hands f32 channels-last 1x1 products, both operands read in place, to BLAS on the
+    Sapphire Rapids calibration (MKL 1.07-1.23x as fast as the fused kernel there) and to the
+    fused kernel elsewhere (on Zen 4 MKL ran 64 -> 256 at 0.8-0.85x of it)."""
+    x, dy = rand(data_shape(2, 64, (8, 8), "NXC"), seed=5), rand(data_shape(2, 256, (8, 8), "NXC"), seed=6)
+    with torch.profiler.profile() as profile:
+        ran = run("gemm", x, dy, [256, 64, 1, 1], dict(data_format="NXC", filter_format="OIX"))[1]
+    blas = any(event.name in ("aten::mm", "aten::addmm", "aten::addmm_") for event in profile.events())
+    assert ran == "gemm" and blas == AMX
 
 
 @pytest.mark.skipif(not (AMX or (AVX512 and torch.cpu._is_avx512_bf16_supported())),

@@ -34,34 +34,43 @@ def test_kernel_taps_that_meet_only_padding_give_exact_zeros(op, dtype):
         _poison_allocator()
         got = getattr(torch_convgrad, op)(x, dy, [2, 2, 3, 3], **kwargs)
         assert torch.equal(got[..., 1], torch.zeros_like(got[..., 1]))
+        torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
 
-# (input NCX shape, kernel, pads, strides): oneDNN's bf16 weight gradient without AMX tiles got
-# each of these wrong on a Zen 4 with its padding passed to it, the 3-D ones every time.
-PADDED_PROBLEMS = [((3, 16, 2, 5, 6), [3, 3, 3], [1, 1, 1], [1, 1, 1]),
-                   ((3, 4, 3, 5, 6), [5, 3, 3], [2, 1, 1], [2, 1, 1]),
-                   ((3, 16, 1), [4], [2], [3])]
+
+# op: (input_forward NCX shape, output_delta channels, kernel, pads, strides, groups). oneDNN's
+# bf16 weight gradient without AMX tiles got each of these wrong every time on a Zen 4 with their
+# padding passed to it; none has a kernel tap that meets only padding.
+PADDED_BF16_PROBLEMS = {
+    "kernel-deeper-than-input": ("conv_backprop_filters", (3, 16, 2, 5, 6), 16, [3, 3, 3], [1, 1, 1], [1, 1, 1], 1),
+    "strided": ("conv_backprop_filters", (3, 4, 3, 5, 6), 16, [5, 3, 3], [2, 1, 1], [2, 1, 1], 1),
+    "transposed-grouped": ("conv_transpose_backprop_filters", (3, 3, 2, 4, 2), 6, [3, 3, 1], [1, 1, 0], [1, 1, 1], 3),
+}
 
 
 @pytest.mark.parametrize("algorithm", ["aten", "aten_channels_last"])
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
-@pytest.mark.parametrize("problem", PADDED_PROBLEMS, ids=["3d-kernel-deeper-than-input", "3d-strided", "1d"])
-def test_padded_bf16_problems_through_aten_match_the_reference(problem, data_format, algorithm):
-    shape, kernel, pads, strides = problem
+@pytest.mark.parametrize("problem", PADDED_BF16_PROBLEMS.values(), ids=PADDED_BF16_PROBLEMS.keys())
+def test_padded_3d_bf16_problems_through_aten_match_the_reference(problem, data_format, algorithm):
+    op, shape, delta_channels, kernel, pads, strides, groups = problem
+    sizes = zip(shape[2:], pads, kernel, strides)
+    if op == "conv_transpose_backprop_filters":
+        delta_size = [(size - 1) * stride + k - 2 * pad for size, pad, k, stride in sizes]
+        filter_shape = [delta_channels // groups, shape[1], *kernel]
+    else:
+        delta_size = [(size + 2 * pad - k) // stride + 1 for size, pad, k, stride in sizes]
+        filter_shape = [delta_channels, shape[1] // groups, *kernel]
     generator = torch.Generator().manual_seed(1)
-    out = [(size + 2 * pad - k) // stride + 1 for size, pad, k, stride in zip(shape[2:], pads, kernel, strides)]
     x = torch.randn(shape, generator=generator).to(torch.bfloat16)
-    dy = torch.randn(shape[0], 16, *out, generator=generator).to(torch.bfloat16)
+    dy = torch.randn(shape[0], delta_channels, *delta_size, generator=generator).to(torch.bfloat16)
     if data_format == "NXC":
         x, dy = x.movedim(1, -1).contiguous(), dy.movedim(1, -1).contiguous()
-    kwargs = dict(strides=strides, pads_begin=pads, pads_end=pads, data_format=data_format, filter_format="OIX")
-    filter_shape = [16, shape[1], *kernel]
-    expected = reference.conv_backprop_filters(x, dy, filter_shape, **kwargs)
+    kwargs = dict(strides=strides, pads_begin=pads, pads_end=pads, groups=groups, data_format=data_format,
+                  filter_format="OIX")
+    expected = getattr(reference, op)(x, dy, filter_shape, **kwargs)
     for _ in range(3):
         _poison_allocator()
         with torch_convgrad.use_algorithm(algorithm):
-            got = torch_convgrad.conv_backprop_filters(x, dy, filter_shape, **kwargs)
-        torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
-
+            got = getattr(torch_convgrad, op)(x, dy, filter_shape, **kwargs)
         torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
 
 

@@ -96,9 +96,6 @@ CpuCalibration cpu_calibration();
 // Whether the CPU multiplies bf16 on AMX tiles, as oneDNN does for its bf16
 // convolutions there.
 bool cpu_has_amx_bf16();
-// Whether the CPU has AVX-512 F, DQ, BW and VL, whatever ATen's capability
-// says: where ATen hands bf16 convolutions to oneDNN as they are.
-bool cpu_has_avx512_core();
 // Whether the CPU has AVX-512 BF16's bf16 dot products, which oneDNN's bf16
 // convolutions run on where there are no AMX tiles.
 bool cpu_has_avx512_bf16();

@@ -66,16 +66,18 @@ bool has_padding_only_tap(int64_t size, int64_t pad_begin, int64_t windows, int6
   return false;
 }
 
-// Whether ATen hands `input` to oneDNN's bf16 kernel for AVX-512 CPUs without
-// AMX tiles (jit avx512_core_bf16). On an AMD EPYC (Zen 4; torch 2.13, oneDNN
-// 3.12) its weight gradient returned wrong or uninitialised entries for about
-// 1 in 300 random padded problems of every rank and layout, each with an
-// axis whose input was no longer than its dilated kernel; every time for
-// some (a depth-3 kernel padded by 1 on an input of depth 2). Of 6000 random
-// problems whose every axis was longer, none was wrong, nor of 1700 with
-// their padding materialised.
-bool runs_on_onednn_bf16_without_amx(const at::Tensor& input) {
-  return input.is_cpu() && input.scalar_type() == at::kBFloat16 && cpu_has_avx512_core() && !cpu_has_amx_bf16();
+// Whether a problem on `input` gets its padding materialised where some axis's
+// input is no longer than its dilated kernel: bf16 on the CPU, which ATen
+// hands to oneDNN. oneDNN's bf16 kernel for AVX-512 CPUs without AMX tiles
+// (jit avx512_core_bf16; torch 2.13, oneDNN 3.12) got 8 of 2965 and 10 of
+// 1738 random small padded problems of every rank and layout wrong on an AMD
+// EPYC (Zen 4), with garbage or uninitialised entries, each with such an
+// axis; and every time some 3-D ones (a depth-3 kernel padded by 1 on an
+// input of depth 2). Of 6000 random problems whose every axis was longer,
+// none was wrong, nor of 1738 with their padding materialised. On other CPUs
+// oneDNN can fall back to that kernel, and the copy is of the smallest inputs.
+bool materialises_padding_within_kernel(const at::Tensor& input) {
+  return input.is_cpu() && input.scalar_type() == at::kBFloat16;
 }
 
 // Whether ATen's backend for this convolution accumulates f16/bf16 in float32
@@ -159,14 +161,13 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
       excess_begin[axis] = pad_begin - padding[axis];
       excess_end[axis] = pad_end - padding[axis];
     }
-    const int64_t kernel_extent = (problem.kernel_size[axis].expect_int() - 1) * problem.dilation[axis] + 1;
-    input_within_kernel |= input.sym_size(2 + axis).expect_int() <= kernel_extent;
+    input_within_kernel |= input.sym_size(2 + axis) <= problem.dilated_kernel_size(axis);
     padding_only_tap |= has_padding_only_tap(used.expect_int(), pad_begin.expect_int(),
                                              grad_output.sym_size(2 + axis).expect_int(),
                                              problem.kernel_size[axis].expect_int(), problem.stride[axis],
                                              problem.dilation[axis]);
   }
-  if (padding_only_tap || (input_within_kernel && runs_on_onednn_bf16_without_amx(input))) {
+  if (padding_only_tap || (input_within_kernel && materialises_padding_within_kernel(input))) {
     for (int64_t axis = 0; axis < rank; ++axis) {
       excess_begin[axis] += padding[axis];
       excess_end[axis] += padding[axis];
@@ -358,8 +359,9 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
 // at 1.3-2.7 times the float32 rate (about twice the NXC one, in either
 // layout), in 3-D too (205 GMAC/s). Depthwise 3x3 read its
 // data at 12 GB/s (NXC f32), 7 (NCX f32), 4-7 (bf16), twice that with stride
-// 2 (bf16 NXC: 21-33), and 7x7 at a tenth to a fortieth of it. Without
-// AVX-512 BF16, bf16 is
+// 2 and four times for bf16 NXC (21-33), and 7x7 at a tenth to a fortieth of
+// it. The 1-D layer ran at 0.8 times its class's rate. Without AVX-512 BF16,
+// bf16 is
 // taken to run at the float32 rate (not measured).
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();

@@ -297,7 +297,9 @@ double products_macs_per_second(const Geometry& g, bool fused) {
 // place too (float32, 1x1 with stride 1) and runs faster: on a Sapphire
 // Rapids Xeon (2 threads, channels-last f32) MKL ran ResNet's 1x1 layers
 // 1024->256 at 14x14 1.23x and 64->256 at 56x56 1.07x as fast as the fused
-// kernel, in one process, interleaved. With more taps read in place (an
+// kernel, in one process, interleaved; on an AMD EPYC (Zen 4) 1.0x and
+// 0.8-0.85x (6.8-7.9 ms against 5.5-6.7), so there they stay on the fused
+// kernel (the Xeon's calibration is the only one with the rule). With more taps read in place (an
 // unpadded 3x3, channels-last, N=8) neither won throughout, BLAS running
 // 0.90x as fast at 96 channels (58x58), 0.98x at 128 (30x30) and 1.15x at 256
 // (16x16), so those stay on the fused kernel. BLAS multiplies
@@ -306,8 +308,9 @@ double products_macs_per_second(const Geometry& g, bool fused) {
 // one tap (1x1 with stride: transposing it would cost more than sharing its
 // loads between taps saves; with more taps it is packed as rows).
 bool fused_kernel_reads_rows(const Problem& problem, const Layout& layout, const Geometry& g) {
-  const bool blas_reads_in_place =
-      layout.direct && !layout.pitched && g.taps() == 1 && problem.input.scalar_type() == at::kFloat;
+  const bool blas_reads_in_place = layout.direct && !layout.pitched && g.taps() == 1 &&
+                                   problem.input.scalar_type() == at::kFloat &&
+                                   cpu_calibration() == CpuCalibration::Avx512Amx;
   return problem.input.is_cpu() && problem.input.scalar_type() != at::kDouble && cpu_runs_avx2_kernels() &&
          (!layout.direct || problem.input.stride(1) == 1) &&
          (layout.pitched || problem.grad_output.stride(1) == 1 || g.taps() > 1) &&
@@ -553,10 +556,10 @@ bool supports(const Problem&) { return true; }
 // 1.2-1.3 times as fast as the day before: the constants are the earlier
 // day's. On an AMD EPYC (Zen 4, AVX-512 without AMX, 2 threads; 2026-11-24)
 // the fused kernel ran the benchmark's layers at 63-86 GMAC/s and 1x1
-// 64 -> 256 NXC at 72, 1.18 times as fast as MKL's 61 (with 1024 input
-// channels both 84); the whole layers took 1.3-1.5 times the AVX-512 model's
-// estimate on the fused kernel and 1.6-2.2 times on BLAS, so its products'
-// rates here are about those fractions of the Xeon's. On other devices this is not
+// 64 -> 256 NXC at 61-75, 1.17-1.24 times as fast as MKL (52-60; with 1024
+// input channels both 84-87); the whole layers took 1.3-1.5 times the Xeon
+// calibration's estimate on the fused kernel and 1.6-2.2 times on BLAS, so
+// the products' rates here are about 0.65 and 0.6 of the Xeon's. On other devices this is not
 // calibrated: it runs there only when forced.
 double cost(const Problem& problem, const Geometry& g) {
   if (!problem.input.is_cpu()) return 1e30;
@@ -589,6 +592,8 @@ double cost(const Problem& problem, const Geometry& g) {
   // from channels-first data to channels-last; phase planes of a strided last
   // axis take a pixel at a time, or an element at a time where they stay
   // channels-first (11 GB/s on the Xeon, ResNet's stride-2 1x1 NCX f32).
+  // The Xeon's packing and conversion rates stand for every AVX-512 CPU (not
+  // measured on the Zen 4).
   const auto pack_bytes_per_second = [avx512](bool channels_last, bool transposes, bool contiguous_rows) {
     if (!avx512) return transposes || !(channels_last || contiguous_rows) ? 3e9 : 6e9;
     if (transposes) return contiguous_rows ? 15e9 : 8e9;

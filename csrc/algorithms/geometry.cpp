@@ -94,7 +94,9 @@ bool cpu_reports(unsigned ebx_bits, unsigned edx_bits, unsigned eax1_bits, unsig
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
   if ((ebx & ebx_bits) != ebx_bits || (edx & edx_bits) != edx_bits) return false;
-  if (eax1_bits != 0 && (!__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || (eax & eax1_bits) != eax1_bits))
+  const unsigned last_subleaf = eax;
+  if (eax1_bits != 0 &&
+      (last_subleaf < 1 || !__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || (eax & eax1_bits) != eax1_bits))
     return false;
   constexpr unsigned kOsXsave = 1u << 27;
   if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx) || (ecx & kOsXsave) == 0) return false;
@@ -102,6 +104,7 @@ bool cpu_reports(unsigned ebx_bits, unsigned edx_bits, unsigned eax1_bits, unsig
   asm volatile("xgetbv" : "=a"(low), "=d"(high) : "c"(0));
   return (low & xcr0_bits) == xcr0_bits;
 #else
+  (void)ebx_bits, (void)edx_bits, (void)eax1_bits, (void)xcr0_bits;
   return false;
 #endif
 }
@@ -116,11 +119,6 @@ bool cpu_has_amx_bf16() {
   constexpr unsigned kAmxBf16 = 1u << 22, kAmxTile = 1u << 24, kTileState = (1u << 17) | (1u << 18);
   static const bool amx_bf16 = cpu_reports(0, kAmxBf16 | kAmxTile, 0, kTileState);
   return amx_bf16;
-}
-
-bool cpu_has_avx512_core() {
-  static const bool avx512_core = cpu_reports(kAvx512Core, 0, 0, kZmmState);
-  return avx512_core;
 }
 
 bool cpu_has_avx512_bf16() {
