@@ -31,12 +31,13 @@ namespace kernel = depthwise_kernel;
 // Shorter rows run slower (2026-11-24, bf16, ConvNeXt's 7x7 layers, N=8, 56
 // down to 7 windows a row: 101, 74, 36 and 24 GMAC/s; 224 windows, N=1: 97):
 // 2.5 times the long rows' rate * windows / (windows + 85), at most that rate.
-// On an AMD EPYC (Zen 4, AVX-512 without AMX) MobileNetV2's layers streamed at
-// 12-16 GB/s in f32 with stride 1 and 21 with stride 2, 8 and 15-21 in bf16,
-// and ConvNeXt ran at 58 (f32) and 76 GMAC/s (bf16; 2026-11-24).
+// On an AMD EPYC (Zen 4, AVX-512 without AMX), MobileNetV2's layers streamed
+// at 12-24 GB/s in f32 and 8-21 in bf16 (channels-last ones prefetching the
+// next rows at 19-27 and 14-21), and ConvNeXt ran at 58-70 (f32) and 76-79
+// GMAC/s (bf16; 2026-11-24).
 double bytes_per_second() {
   const CpuCalibration calibration = cpu_calibration();
-  return calibration == CpuCalibration::Avx512Amx ? 21e9 : 16e9;
+  return calibration == CpuCalibration::Avx512Amx ? 21e9 : calibration == CpuCalibration::Avx512 ? 20e9 : 16e9;
 }
 double depthwise_macs_per_second(double windows) {
   const CpuCalibration calibration = cpu_calibration();
@@ -91,6 +92,12 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
     args.pad_begin[axis] = geometry.pad_begin[axis];
   }
   args.group_channels = depthwise_group_channels(problem);
+  // Prefetching the next rows in software ran the benchmark's channels-last
+  // depthwise layers 1.3-1.55 times as fast on an AMD EPYC (Zen 4: MobileNetV2
+  // in f32, bf16 and f16; stride 2 1.2-1.3, ConvNeXt 1.0-1.1; 2 threads,
+  // interleaved); on a Sapphire Rapids the f32 channels-last layer ran
+  // 0.94-1.0 times as fast, and on a Zen 3 prefetching measured slower.
+  args.prefetch_next_rows = cpu_calibration() == CpuCalibration::Avx512;
   return args;
 }
 

@@ -29,6 +29,10 @@ struct Args {
   // Channels a group, input and output alike: 1, 2, 4 or 8, at most one
   // vector of lanes (depthwise.cpp checks).
   int64_t group_channels;
+  // Whether channels_last prefetches the next output row's grad_output row
+  // and the input row it stages first while its tiles run, on channels-last
+  // data (depthwise.cpp decides by the CPU).
+  bool prefetch_next_rows = false;
   // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
   // or NaN in the data that it loads makes some sum).
   std::atomic<bool>* non_finite = nullptr;
@@ -587,7 +591,29 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
             staged_rows.push_back({staged + (broadcast ? i : i * input_block_pitch), i * taps + read.tap});
         }
         const int64_t input_rows = static_cast<int64_t>(staged_rows.size());
+        // The next output row's grad_output row and the input row it stages
+        // first (its last taps'), a block's share fetched with each block.
+        const T* next_dy = nullptr;
+        const T* next_x = nullptr;
+        int64_t dy_span = 0, x_span = 0;
+        if (args.prefetch_next_rows) {
+          int64_t nn = n, n0 = y0, n1 = y1 + 1;
+          if (n1 == args.out[1]) { n1 = 0; ++n0; }
+          if (n0 == args.out[0]) { n0 = 0; ++nn; }
+          if (nn < sample_end && dy_strides[1] == 1 && x_strides[1] == 1) {
+            next_dy = grad_output_row(nn, n0, n1);
+            dy_span = ((channels - 1) * dy_strides[1] + (windows - 1) * dy_strides[4] + 1) * sizeof(T);
+            const RowRead last{n0 * args.stride[0] - args.pad_begin[0] + (args.kernel[0] - 1) * args.dilation[0],
+                               n1 * args.stride[1] - args.pad_begin[1] + (args.kernel[1] - 1) * args.dilation[1], 0};
+            if (last.iz >= 0 && last.iz < args.in[0] && last.iy >= 0 && last.iy < args.in[1]) {
+              next_x = input_row(nn, last);
+              x_span = ((channels - 1) * x_strides[1] + (input_pixels - 1) * x_strides[4] + 1) * sizeof(T);
+            }
+          }
+        }
         for (int64_t block = 0; block < blocks; ++block) {
+          if (next_dy) prefetch_part(next_dy, dy_span, block, blocks);
+          if (next_x) prefetch_part(next_x, x_span, block, blocks);
           const A* dy = staged_grad_output.data() + block * dy_block_pitch;
           A* block_acc = acc.data() + block * block_taps * kLanes;
           for (const TapRange& tile : cols) {
