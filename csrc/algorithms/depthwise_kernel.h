@@ -30,8 +30,8 @@ struct Args {
   // vector of lanes (depthwise.cpp checks).
   int64_t group_channels;
   // Whether channels_last prefetches the next output row's grad_output row
-  // and the input row it stages first while its tiles run, on channels-last
-  // data (depthwise.cpp decides by the CPU).
+  // and the input row it stages first while its tiles run (depthwise.cpp
+  // decides by the CPU).
   bool prefetch_next_rows = false;
   // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
   // or NaN in the data that it loads makes some sum).
@@ -569,6 +569,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   const auto input_row = [&](int64_t n, const RowRead& read) {
     return input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3];
   };
+  const bool channels_last_data = dy_strides[1] == 1 && x_strides[1] == 1;
   const auto slot_of = [&](const RowRead& read) { return (read.iz % ring[0]) * ring[1] + read.iy % ring[1]; };
   const auto row_index = [&](const RowRead& read) { return read.iz * args.in[1] + read.iy; };
   for (int64_t n = sample_begin; n < sample_end; ++n) {
@@ -592,28 +593,38 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
         }
         const int64_t input_rows = static_cast<int64_t>(staged_rows.size());
         // The next output row's grad_output row and the input row it stages
-        // first (its last taps'), a block's share fetched with each block.
+        // first (its last taps'), a block's share fetched with each block:
+        // part of the whole rows on channels-last data, the block's channels'
+        // rows on channels-first data of 4-byte elements or more (2-byte
+        // rows, a line or two each, measured 0.94-1.29x).
         const T* next_dy = nullptr;
         const T* next_x = nullptr;
-        int64_t dy_span = 0, x_span = 0;
+        int64_t dy_span = 0, x_span = 0;  // bytes: whole rows channels-last, a channel's row channels-first
         if (args.prefetch_next_rows) {
           int64_t nn = n, n0 = y0, n1 = y1 + 1;
           if (n1 == args.out[1]) { n1 = 0; ++n0; }
           if (n0 == args.out[0]) { n0 = 0; ++nn; }
-          if (nn < sample_end && dy_strides[1] == 1 && x_strides[1] == 1) {
+          if (nn < sample_end && (channels_last_data || sizeof(T) >= 4)) {
             next_dy = grad_output_row(nn, n0, n1);
-            dy_span = ((channels - 1) * dy_strides[1] + (windows - 1) * dy_strides[4] + 1) * sizeof(T);
+            dy_span = ((channels_last_data ? channels - 1 : 0) + (windows - 1) * dy_strides[4] + 1) * sizeof(T);
             const RowRead last{n0 * args.stride[0] - args.pad_begin[0] + (args.kernel[0] - 1) * args.dilation[0],
                                n1 * args.stride[1] - args.pad_begin[1] + (args.kernel[1] - 1) * args.dilation[1], 0};
             if (last.iz >= 0 && last.iz < args.in[0] && last.iy >= 0 && last.iy < args.in[1]) {
               next_x = input_row(nn, last);
-              x_span = ((channels - 1) * x_strides[1] + (input_pixels - 1) * x_strides[4] + 1) * sizeof(T);
+              x_span = ((channels_last_data ? channels - 1 : 0) + (input_pixels - 1) * x_strides[4] + 1) * sizeof(T);
             }
           }
         }
         for (int64_t block = 0; block < blocks; ++block) {
-          if (next_dy) prefetch_part(next_dy, dy_span, block, blocks);
-          if (next_x) prefetch_part(next_x, x_span, block, blocks);
+          if (channels_last_data) {
+            if (next_dy) prefetch_part(next_dy, dy_span, block, blocks);
+            if (next_x) prefetch_part(next_x, x_span, block, blocks);
+          } else {
+            for (int64_t c = block * kLanes; c < std::min(channels, (block + 1) * kLanes); ++c) {
+              if (next_dy) prefetch_part(next_dy + c * dy_strides[1], dy_span, 0, 1);
+              if (next_x) prefetch_part(next_x + c * x_strides[1], x_span, 0, 1);
+            }
+          }
           const A* dy = staged_grad_output.data() + block * dy_block_pitch;
           A* block_acc = acc.data() + block * block_taps * kLanes;
           for (const TapRange& tile : cols) {
