@@ -95,9 +95,10 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // Prefetching the next rows in software ran the benchmark's channels-last
   // depthwise layers 1.3-1.55 times as fast on an AMD EPYC (Zen 4: MobileNetV2
   // in f32, bf16 and f16; stride 2 1.2-1.3, ConvNeXt 1.0-1.1; 2 threads,
-  // interleaved) and the channels-first f32 ones 1.23-1.61 times; on a
-  // Sapphire Rapids the f32 channels-last layer ran 0.94-1.0 times as fast,
-  // and on a Zen 3 prefetching measured slower.
+  // interleaved) and the channels-first ones 1.23-1.61 times in f32 and
+  // 0.94-1.29 times in f16/bf16 (1.05-1.1 on average over six runs; rows of a
+  // line or two); on a Sapphire Rapids the f32 channels-last layer ran
+  // 0.94-1.0 times as fast, and on a Zen 3 prefetching measured slower.
   args.prefetch_next_rows = cpu_calibration() == CpuCalibration::Avx512;
   return args;
 }

@@ -595,8 +595,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
         // The next output row's grad_output row and the input row it stages
         // first (its last taps'), a block's share fetched with each block:
         // part of the whole rows on channels-last data, the block's channels'
-        // rows on channels-first data of 4-byte elements or more (2-byte
-        // rows, a line or two each, measured 0.94-1.29x).
+        // rows on channels-first data.
         const T* next_dy = nullptr;
         const T* next_x = nullptr;
         int64_t dy_span = 0, x_span = 0;  // bytes: whole rows channels-last, a channel's row channels-first
@@ -604,7 +603,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
           int64_t nn = n, n0 = y0, n1 = y1 + 1;
           if (n1 == args.out[1]) { n1 = 0; ++n0; }
           if (n0 == args.out[0]) { n0 = 0; ++nn; }
-          if (nn < sample_end && (channels_last_data || sizeof(T) >= 4)) {
+          if (nn < sample_end) {
             next_dy = grad_output_row(nn, n0, n1);
             dy_span = ((channels_last_data ? channels - 1 : 0) + (windows - 1) * dy_strides[4] + 1) * sizeof(T);
             const RowRead last{n0 * args.stride[0] - args.pad_begin[0] + (args.kernel[0] - 1) * args.dilation[0],
