@@ -357,12 +357,10 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
 // kernel (U-Net, DCGAN, the 1-D layer); 1x1 at 61-82, with stride 2 at 83
 // (NXC) and 76 (NCX); 3-D at 24-27. bf16 runs on the CPU's bf16 dot products
 // at 1.3-2.7 times the float32 rate (about twice the NXC one, in either
-// layout), in 3-D too (205 GMAC/s). Depthwise 3x3 read its
-// data at 12 GB/s (NXC f32), 7 (NCX f32), 4-7 (bf16), twice that with stride
-// 2 and four times for bf16 NXC (21-33), and 7x7 at a tenth to a fortieth of
-// it. The 1-D layer ran at 0.8 times its class's rate. Without AVX-512 BF16,
-// bf16 is
-// taken to run at the float32 rate (not measured).
+// layout), in 3-D too (205 GMAC/s). Depthwise 3x3 read its data at 12 GB/s
+// (NXC f32), 7 (NCX f32), 4-7 (bf16), twice that with stride 2 and four times
+// for bf16 NXC (21-33), and 7x7 at a tenth to a fortieth of it. The 1-D layer ran at 0.8 times its class's rate. Without AVX-512 BF16,
+// bf16 is taken to run at the float32 rate (not measured).
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;

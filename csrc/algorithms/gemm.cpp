@@ -299,8 +299,9 @@ double products_macs_per_second(const Geometry& g, bool fused) {
 // 1024->256 at 14x14 1.23x and 64->256 at 56x56 1.07x as fast as the fused
 // kernel, in one process, interleaved; on an AMD EPYC (Zen 4) 1.0x and
 // 0.8-0.85x (6.8-7.9 ms against 5.5-6.7), so there they stay on the fused
-// kernel (the Xeon's calibration is the only one with the rule). With more taps read in place (an
-// unpadded 3x3, channels-last, N=8) neither won throughout, BLAS running
+// kernel (the Xeon's calibration is the only one with the rule). With more
+// taps read in place (an unpadded 3x3, channels-last, N=8) neither won
+// throughout, BLAS running
 // 0.90x as fast at 96 channels (58x58), 0.98x at 128 (30x30) and 1.15x at 256
 // (16x16), so those stay on the fused kernel. BLAS multiplies
 // channels-first data in place: an input read in place (1x1, stride 1), and
@@ -559,8 +560,8 @@ bool supports(const Problem&) { return true; }
 // 64 -> 256 NXC at 61-75, 1.17-1.24 times as fast as MKL (52-60; with 1024
 // input channels both 84-87); the whole layers took 1.3-1.5 times the Xeon
 // calibration's estimate on the fused kernel and 1.6-2.2 times on BLAS, so
-// the products' rates here are about 0.65 and 0.6 of the Xeon's. On other devices this is not
-// calibrated: it runs there only when forced.
+// the products' rates here are about 0.65 and 0.6 of the Xeon's. On other
+// devices this is not calibrated: it runs there only when forced.
 double cost(const Problem& problem, const Geometry& g) {
   if (!problem.input.is_cpu()) return 1e30;
   const Layout layout = plan(g);
