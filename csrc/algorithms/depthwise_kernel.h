@@ -592,36 +592,50 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
             staged_rows.push_back({staged + (broadcast ? i : i * input_block_pitch), i * taps + read.tap});
         }
         const int64_t input_rows = static_cast<int64_t>(staged_rows.size());
-        // The next output row's grad_output row and the input row it stages
-        // first (its last taps'), a block's share fetched with each block:
-        // part of the whole rows on channels-last data, the block's channels'
-        // rows on channels-first data.
+        // A coming output row's grad_output row and the input rows it stages
+        // first (its last taps' rows, as many as it newly reads: up to the row
+        // stride), a block's share fetched with each block: part of the whole
+        // rows on channels-last data, the block's channels' rows on
+        // channels-first data. Channels-first data is fetched two output rows
+        // ahead: there a block's rows are fetched at once, where channels-last
+        // data spreads them over the blocks (measured on MobileNetV2's layers,
+        // Zen 4, against one row ahead: 1.15-1.35x channels-first, 1.0x
+        // channels-last; fetching every new row of stride 2 1.1-1.3x both).
+        constexpr int64_t kMostPrefetchedRows = 4;
         const T* next_dy = nullptr;
-        const T* next_x = nullptr;
+        const T* next_x[kMostPrefetchedRows] = {};
         int64_t dy_span = 0, x_span = 0;  // bytes: whole rows channels-last, a channel's row channels-first
         if (args.prefetch_next_rows) {
-          int64_t nn = n, n0 = y0, n1 = y1 + 1;
-          if (n1 == args.out[1]) { n1 = 0; ++n0; }
-          if (n0 == args.out[0]) { n0 = 0; ++nn; }
+          int64_t nn = n, n0 = y0, n1 = y1;
+          for (int64_t ahead = channels_last_data ? 1 : 2; ahead > 0; --ahead) {
+            if (++n1 == args.out[1]) { n1 = 0; ++n0; }
+            if (n0 == args.out[0]) { n0 = 0; ++nn; }
+          }
           if (nn < sample_end) {
             next_dy = grad_output_row(nn, n0, n1);
             dy_span = ((channels_last_data ? channels - 1 : 0) + (windows - 1) * dy_strides[4] + 1) * sizeof(T);
-            const RowRead last{n0 * args.stride[0] - args.pad_begin[0] + (args.kernel[0] - 1) * args.dilation[0],
-                               n1 * args.stride[1] - args.pad_begin[1] + (args.kernel[1] - 1) * args.dilation[1], 0};
-            if (last.iz >= 0 && last.iz < args.in[0] && last.iy >= 0 && last.iy < args.in[1]) {
-              next_x = input_row(nn, last);
-              x_span = ((channels_last_data ? channels - 1 : 0) + (input_pixels - 1) * x_strides[4] + 1) * sizeof(T);
+            x_span = ((channels_last_data ? channels - 1 : 0) + (input_pixels - 1) * x_strides[4] + 1) * sizeof(T);
+            const int64_t iz = n0 * args.stride[0] - args.pad_begin[0] + (args.kernel[0] - 1) * args.dilation[0];
+            const int64_t first_iy = n1 * args.stride[1] - args.pad_begin[1];
+            const int64_t last_iy = first_iy + (args.kernel[1] - 1) * args.dilation[1];
+            const int64_t new_rows = std::min({kMostPrefetchedRows, args.stride[1], last_iy - first_iy + 1});
+            for (int64_t k = 0; k < new_rows; ++k) {
+              const int64_t iy = last_iy - k;
+              if ((iy - first_iy) % args.dilation[1] == 0 && iz >= 0 && iz < args.in[0] && iy >= 0 && iy < args.in[1])
+                next_x[k] = input_row(nn, {iz, iy, 0});
             }
           }
         }
         for (int64_t block = 0; block < blocks; ++block) {
           if (channels_last_data) {
             if (next_dy) prefetch_part(next_dy, dy_span, block, blocks);
-            if (next_x) prefetch_part(next_x, x_span, block, blocks);
+            for (const T* x : next_x)
+              if (x) prefetch_part(x, x_span, block, blocks);
           } else {
             for (int64_t c = block * kLanes; c < std::min(channels, (block + 1) * kLanes); ++c) {
               if (next_dy) prefetch_part(next_dy + c * dy_strides[1], dy_span, 0, 1);
-              if (next_x) prefetch_part(next_x + c * x_strides[1], x_span, 0, 1);
+              for (const T* x : next_x)
+                if (x) prefetch_part(x + c * x_strides[1], x_span, 0, 1);
             }
           }
           const A* dy = staged_grad_output.data() + block * dy_block_pitch;
