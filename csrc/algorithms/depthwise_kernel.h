@@ -33,6 +33,9 @@ struct Args {
   // and the input row it stages first while its tiles run (depthwise.cpp
   // decides by the CPU).
   bool prefetch_next_rows = false;
+  // Whether channels_last may sum bf16 data on AVX512_BF16 dot products
+  // (depthwise.cpp decides by the CPU).
+  bool bf16_pairs = false;
   // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
   // or NaN in the data that it loads makes some sum).
   std::atomic<bool>* non_finite = nullptr;
@@ -342,6 +345,73 @@ void with_tile_shape(int64_t rows, int64_t cols, Kernel&& kernel) {
   kernel.template operator()<kRows, kCols>();
 }
 
+// Words of a pair of 16-lane bf16 rows: (first[lane], second[lane]) per lane.
+constexpr int64_t kPairWords = 32;
+
+#if defined(CPU_CAPABILITY_AVX512) && defined(__x86_64__) && \
+    (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
+#define TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS 1
+// bf16 on AVX512_BF16: VDPBF16PS multiplies pairs of bf16 and adds both
+// products to a float lane, 32 multiply-adds an instruction where an FMA on
+// float lanes does 16. A pair is two windows: each staged input row is staged
+// again as pairs of pixels a stride apart, x2[p] = (x[p], x[p + s]) lane by
+// lane, and grad_output as pairs of consecutive windows, dy2[i] = (dy[2i],
+// dy[2i + 1]); then tap c of windows 2i and 2i + 1 is one product of
+// x2[2i * s + c * d] and dy2[i]. The instruction rounds to float after each
+// product and flushes denormal inputs and results to zero, as oneDNN's bf16
+// kernels do.
+#define TORCH_CONVGRAD_BF16_PAIRS_TARGET \
+  __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
+
+// pairs[p] = (first[p * step], second[p * step]) for p < count, interleaved
+// lane by lane, where first and second are float vectors holding bf16 values
+// (converted back exactly).
+TORCH_CONVGRAD_BF16_PAIRS_TARGET inline void stage_pairs(const float* first, const float* second, int64_t step,
+                                                         int64_t count, uint16_t* pairs) {
+  alignas(64) static constexpr uint16_t kInterleave[kPairWords] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
+                                                                   21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
+                                                                   11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i interleave = _mm512_load_si512(kInterleave);
+  for (int64_t p = 0; p < count; ++p) {
+    // Words 0-15 the first row's lanes, 16-31 the second's.
+    const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(second + p * step), _mm512_loadu_ps(first + p * step));
+    _mm512_storeu_si512(pairs + p * kPairWords, _mm512_permutexvar_epi16(interleave, (__m512i)both));
+  }
+}
+
+// The shared tile on pairs, one input row: kSharedPairs pairs of windows at
+// a time, each pixel pair loaded once for every (pair, tap) that reads it (2
+// * kSharedPairs + kCols - 2 loads for kSharedPairs * kCols products). Rows
+// one at a time: 2 x 7 and 3 x 7 tiles measured no faster.
+constexpr int kSharedPairs = 4;
+
+// acc[c][lane] += sum_{i < pairs} x2[(2i + c) * step] . dy2[i] (both lanes of
+// each pair) for c < kCols taps along the row, where stride equals dilation;
+// `pairs` is a multiple of kSharedPairs.
+template <int kCols>
+TORCH_CONVGRAD_BF16_PAIRS_TARGET void channels_last_pair_tile(const uint16_t* x2, int64_t step, const uint16_t* dy2,
+                                                              int64_t pairs, float* acc) {
+  constexpr int kPixels = 2 * kSharedPairs + kCols - 2;
+  __m512 sums[kCols];
+  for (int c = 0; c < kCols; ++c) sums[c] = _mm512_loadu_ps(acc + c * 16);
+  for (int64_t i = 0; i < pairs; i += kSharedPairs) {
+    __m512 dy_pairs[kSharedPairs];
+#pragma GCC unroll 8
+    for (int u = 0; u < kSharedPairs; ++u) dy_pairs[u] = _mm512_loadu_ps(dy2 + (i + u) * kPairWords);
+    const uint16_t* x = x2 + 2 * i * step;
+#pragma GCC unroll 16
+    for (int p = 0; p < kPixels; ++p) {
+      const __m512 pixel = _mm512_loadu_ps(x + p * step);
+#pragma GCC unroll 8
+      for (int u = 0; u < kSharedPairs; ++u)
+        if (p - 2 * u >= 0 && p - 2 * u < kCols)
+          sums[p - 2 * u] = _mm512_dpbf16_ps(sums[p - 2 * u], (__m512bh)pixel, (__m512bh)dy_pairs[u]);
+    }
+  }
+  for (int c = 0; c < kCols; ++c) _mm512_storeu_ps(acc + c * 16, sums[c]);
+}
+#endif
+
 // Lane l of `lanes` takes lane (l / group_channels) * group_channels + i:
 // each group's lanes all hold the group's i-th input channel.
 template <typename A>
@@ -549,13 +619,29 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   // Windows that the shared tile takes, kSharedWindows at a time; the rest
   // go through channels_last_tile.
   const bool shared = stride == dilation && !broadcast;
-  const int64_t shared_windows = shared ? windows / kSharedWindows * kSharedWindows : 0;
-  // Taps along the row in tiles, each tile's input rows in groups its
-  // registers allow.
+  // bf16 windows summed in pairs (channels_last_pair_tile), 2 * kSharedPairs
+  // at a time from the row's start, the rest by the float tiles. A paired
+  // input row holds the pixel pairs they read: paired_input[slot][block][p],
+  // paired_grad_output[block][i].
+#if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
+  const bool paired = std::is_same_v<T, c10::BFloat16> && args.bf16_pairs && shared && group_channels == 1;
+  const int64_t pairs = paired ? windows / (2 * kSharedPairs) * kSharedPairs : 0;
+#else
+  const int64_t pairs = 0;
+#endif
+  const int64_t paired_windows = 2 * pairs;
+  const int64_t pair_pixels = pairs > 0 ? (paired_windows - 2) * stride + (args.kernel[2] - 1) * dilation + 1 : 0;
+  const int64_t paired_slot_pitch = blocks * pair_pixels * kPairWords;
+  LineAlignedBuffer<uint16_t> paired_input(ring[0] * ring[1] * paired_slot_pitch);
+  LineAlignedBuffer<uint16_t> paired_grad_output(blocks * pairs * kPairWords);
+  const int64_t shared_windows = shared ? (windows - paired_windows) / kSharedWindows * kSharedWindows : 0;
+  // Taps along the row in tiles.
   const std::vector<TapRange> cols = tap_tiles(args.kernel[2], kMaxTileCols);
+  std::vector<std::vector<TapRange>> row_tiles(cols.size());
 
   struct StagedRow {
     const A* staged;
+    const uint16_t* paired;
     int64_t tap;  // the row's first tap in a block's sums: i * taps + (kz * K1 + ky) * K2
   };
   std::vector<RowRead> reads;
@@ -578,18 +664,34 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
       for (int64_t y1 = 0; y1 < args.out[1]; ++y1) {
         stage_channels(grad_output_row(n, y0, y1), dy_strides[1], dy_strides[4], channels, windows, 0, dy_block_pitch,
                        staged_grad_output.data());
+#if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
+        if constexpr (std::is_same_v<T, c10::BFloat16>)
+          for (int64_t block = 0; block < blocks && pairs > 0; ++block) {
+            const float* dy = staged_grad_output.data() + block * dy_block_pitch;
+            stage_pairs(dy, dy + kLanes, 2 * kLanes, pairs, paired_grad_output.data() + block * pairs * kPairWords);
+          }
+#endif
         input_rows_of(args, y0, y1, reads);
         staged_rows.clear();
         for (const RowRead& read : reads) {
           const int64_t slot = slot_of(read);
           A* staged = staged_input.data() + slot * slot_pitch;
+          uint16_t* paired_row = paired_input.data() + slot * paired_slot_pitch;
           if (staged_row_of_slot[slot] != row_index(read)) {
             stage_channels(input_row(n, read), x_strides[1], x_strides[4], channels, input_pixels, args.pad_begin[2],
                            block_pitch, staged, copies, input_block_pitch);
+#if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
+            if constexpr (std::is_same_v<T, c10::BFloat16>)
+              for (int64_t block = 0; block < blocks && pairs > 0; ++block) {
+                const float* x = staged + block * block_pitch;
+                stage_pairs(x, x + stride * kLanes, kLanes, pair_pixels,
+                            paired_row + block * pair_pixels * kPairWords);
+              }
+#endif
             staged_row_of_slot[slot] = row_index(read);
           }
           for (int64_t i = 0; i < group_channels; ++i)
-            staged_rows.push_back({staged + (broadcast ? i : i * input_block_pitch), i * taps + read.tap});
+            staged_rows.push_back({staged + (broadcast ? i : i * input_block_pitch), paired_row, i * taps + read.tap});
         }
         const int64_t input_rows = static_cast<int64_t>(staged_rows.size());
         // A coming output row's grad_output row and the input rows it stages
@@ -626,6 +728,13 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
             }
           }
         }
+        // Each tile of taps along the row takes the input rows in groups its
+        // registers allow.
+        for (size_t col = 0; col < cols.size(); ++col) {
+          const int64_t most_rows = shared ? std::min<int64_t>(kMaxSharedRows, kMaxSharedTaps / cols[col].count)
+                                           : std::min<int64_t>(kMaxTileRows, kMaxTileTaps / cols[col].count);
+          row_tiles[col] = tap_tiles(input_rows, most_rows);
+        }
         for (int64_t block = 0; block < blocks; ++block) {
           if (channels_last_data) {
             if (next_dy) prefetch_part(next_dy, dy_span, block, blocks);
@@ -638,33 +747,45 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
                 if (x) prefetch_part(x + c * x_strides[1], x_span, 0, 1);
             }
           }
-          const A* dy = staged_grad_output.data() + block * dy_block_pitch;
+          const A* dy = staged_grad_output.data() + block * dy_block_pitch + paired_windows * kLanes;
           A* block_acc = acc.data() + block * block_taps * kLanes;
           for (const TapRange& tile : cols) {
-            const int64_t most_rows = shared ? std::min<int64_t>(kMaxSharedRows, kMaxSharedTaps / tile.count)
-                                             : std::min<int64_t>(kMaxTileRows, kMaxTileTaps / tile.count);
-            for (const TapRange& row_tile : tap_tiles(input_rows, most_rows)) {
+#if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
+            if constexpr (std::is_same_v<T, c10::BFloat16>)
+              for (int64_t r = 0; r < input_rows && pairs > 0; ++r) {
+                const StagedRow& row = staged_rows[r];
+                const uint16_t* x2 = row.paired + (block * pair_pixels + tile.first * dilation) * kPairWords;
+                const uint16_t* dy2 = paired_grad_output.data() + block * pairs * kPairWords;
+                A* row_acc = block_acc + (row.tap + tile.first) * kLanes;
+                with_count<kMaxTileCols>(tile.count, [&]<int kCols>() {
+                  channels_last_pair_tile<kCols>(x2, stride * kPairWords, dy2, pairs, row_acc);
+                });
+              }
+#endif
+            if (paired_windows == windows) continue;
+            for (const TapRange& row_tile : row_tiles[&tile - cols.data()]) {
               for (int64_t r = 0; r < row_tile.count; ++r) {
                 const StagedRow& row = staged_rows[row_tile.first + r];
-                tile_rows[r] = row.staged + block * block_pitch + tile.first * dilation * kLanes;
+                tile_rows[r] =
+                    row.staged + block * block_pitch + (tile.first * dilation + paired_windows * stride) * kLanes;
                 tile_acc[r] = block_acc + (row.tap + tile.first) * kLanes;
               }
-              if (shared) {
+              if (shared_windows > 0) {
                 with_tile_shape<kMaxSharedRows, kMaxSharedTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
                   channels_last_shared_tile<kRows, kCols>(tile_rows, stride * kLanes, dy, shared_windows, tile_acc);
                 });
                 // The last windows, fewer than kSharedWindows.
                 for (int64_t r = 0; r < row_tile.count; ++r) tile_rows[r] += shared_windows * stride * kLanes;
               }
-              if (shared_windows == windows) continue;
+              if (paired_windows + shared_windows == windows) continue;
               with_tile_shape<kMaxTileRows, kMaxTileTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
                 const A* tile_dy = dy + shared_windows * kLanes;
                 if (broadcast)
                   channels_last_tile<kRows, kCols, true>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                         windows - shared_windows, tile_acc);
+                                                         windows - paired_windows - shared_windows, tile_acc);
                 else
                   channels_last_tile<kRows, kCols, false>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                          windows - shared_windows, tile_acc);
+                                                          windows - paired_windows - shared_windows, tile_acc);
               });
             }
           }
