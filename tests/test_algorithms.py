@@ -907,6 +907,19 @@ def test_amx_depthwise_leaves_what_it_cannot_take():
         assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [8, 8 // groups, *kernel], **attributes), dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width", [32, 45, 70])
+def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
+    """The AVX-512 build transposes channels-first f16/bf16 rows of 32 pixels or more 32 at a time
+    (a row of 45 ends with an overlapping step); 37 channels leave 5 staged element by element."""
+    x = rand(data_shape(2, 37, (3, width), "NCX"), dtype, seed=53)
+    dy = rand(data_shape(2, 37, (3, width), "NCX"), dtype, seed=54)
+    attributes = dict(pads_begin=1, pads_end=1, groups=37, data_format="NCX", filter_format="OIX")
+    result, ran = run("depthwise", x, dy, [37, 1, 3, 3], attributes)
+    assert ran == "depthwise"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [37, 1, 3, 3], **attributes), dtype)
+
+
 # On a CPU with AVX512_BF16, the depthwise kernel sums bf16 layers whose stride along the row
 # equals their dilation in pairs of windows (VDPBF16PS), 8 windows at a time from the row's start,
 # and the rest on float FMAs: rows of 8 windows (all paired), 9 (one left), 23 and 47 (7 left),

@@ -491,11 +491,39 @@ void transpose_square(const A* src, int64_t ld_src, A* dst, int64_t ld_dst) {
   at::vec::transpose_mxn<A, kLanes, kLanes>(src, ld_src, dst, ld_dst);
 }
 
+#if defined(CPU_CAPABILITY_AVX512)
+// 16 channels' rows of 32 2-byte pixels (channel c's at rows + c *
+// channel_stride) as 32 pixels of 16 float lanes at `block`: a 16 x 16
+// transpose of pixel pairs (32-bit units), then each pair split into its
+// pixels' float lanes (bf16 by a shift or a mask, f16 by conversion). Half
+// the shuffles of converting 16 pixels and transposing their floats.
+template <typename T>
+void transpose_pixel_pairs(const T* rows, int64_t channel_stride, float* block) {
+  __m512 pairs[16], columns[16];
+  for (int c = 0; c < 16; ++c) pairs[c] = _mm512_loadu_ps(rows + c * channel_stride);
+  transpose_registers(pairs, columns);  // columns[u] lane c: channel c's pixels 2u, 2u + 1
+  for (int u = 0; u < 16; ++u) {
+    const __m512i pair = _mm512_castps_si512(columns[u]);
+    __m512 even, odd;
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      even = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+      odd = _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+    } else {
+      even = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(pair));
+      odd = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(pair, 16)));
+    }
+    _mm512_storeu_ps(block + 2 * u * 16, even);
+    _mm512_storeu_ps(block + (2 * u + 1) * 16, odd);
+  }
+}
+#endif
+
 // Stages channels-first data the same way: channel c of pixel w is
 // source[c * channel_stride + w * pixel_stride]. Whole vectors of channels
 // along unit-stride rows of at least kLanes pixels go through kLanes x kLanes
-// register transposes; the rest element by element. Depthwise only (no group
-// copies).
+// register transposes (on AVX-512, 2-byte rows of 2 * kLanes pixels or more
+// through transpose_pixel_pairs); the rest element by element. Depthwise
+// only (no group copies).
 template <typename T, typename A = acc_type<T>>
 void stage_transposed(const T* source, int64_t channel_stride, int64_t pixel_stride, int64_t channels,
                       int64_t pixels, A* staged, int64_t block_pitch) {
@@ -515,6 +543,17 @@ void stage_transposed(const T* source, int64_t channel_stride, int64_t pixel_str
         }
       };
       int64_t w = 0;
+#if defined(CPU_CAPABILITY_AVX512)
+      if constexpr (sizeof(T) == 2 && kLanes == 16)
+        if (pixels >= 2 * kLanes) {
+          for (; w + 2 * kLanes <= pixels; w += 2 * kLanes)
+            transpose_pixel_pairs(rows + w, channel_stride, block + w * kLanes);
+          // A partial last step is the row's last 2 * kLanes pixels again, overlapping.
+          const int64_t last = pixels - 2 * kLanes;
+          if (w < pixels) transpose_pixel_pairs(rows + last, channel_stride, block + last * kLanes);
+          continue;
+        }
+#endif
       for (; w + kLanes <= pixels; w += kLanes) transpose(w);
       // A partial last tile is the row's last kLanes pixels again, overlapping.
       if (w < pixels) transpose(pixels - kLanes);
