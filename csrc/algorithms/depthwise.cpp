@@ -34,10 +34,12 @@ namespace kernel = depthwise_kernel;
 // On an AMD EPYC (Zen 4, AVX-512 without AMX), MobileNetV2's layers streamed
 // at 12-24 GB/s in f32 and 8-21 in bf16 (channels-last ones prefetching the
 // next rows at 19-27 and 14-21), and ConvNeXt ran at 58-70 (f32) and 76-79
-// GMAC/s (bf16; 2026-11-24).
+// GMAC/s (bf16; 2026-11-24); prefetching further ahead, its f32 layers
+// streamed at 21-27 GB/s (2026-11-25), where oneDNN's ran the channels-last
+// stride-2 layer at 11-17.5.
 double bytes_per_second() {
   const CpuCalibration calibration = cpu_calibration();
-  return calibration == CpuCalibration::Avx512Amx ? 21e9 : calibration == CpuCalibration::Avx512 ? 20e9 : 16e9;
+  return calibration == CpuCalibration::Avx512Amx ? 21e9 : calibration == CpuCalibration::Avx512 ? 25e9 : 16e9;
 }
 double depthwise_macs_per_second(double windows) {
   const CpuCalibration calibration = cpu_calibration();
