@@ -977,6 +977,17 @@ def test_f32_strided_channels_last_depthwise_goes_to_the_depthwise_kernel():
     assert run(None, x, dy, [144, 1, 3, 3], attributes)[1] == "depthwise"
 
 
+@pytest.mark.skipif(not AVX512 or AMX, reason="the calibration of AVX-512 CPUs without AMX")
+@pytest.mark.parametrize("data_format,expected", [("NXC", "gemm"), ("NCX", "aten")])
+def test_f32_1d_layer_picks(data_format, expected):
+    """The benchmark's 1-D layer (k10 s5, 32 -> 64 channels, 16000 samples) in f32: oneDNN ran it
+    at 43 GMAC/s channels-last and 60 channels-first, the fused kernel at 68 in either layout,
+    which its packing costs more of channels-first (Zen 4, 2 threads, 1.01-1.09x)."""
+    x, dy = rand(data_shape(4, 32, (16000,), data_format), seed=5), rand(data_shape(4, 64, (3199,), data_format), seed=6)
+    attributes = dict(strides=5, data_format=data_format, filter_format="OIX")
+    assert run(None, x, dy, [64, 32, 10], attributes)[1] == expected
+
+
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 @pytest.mark.parametrize("data_format,kernel,channels,size,expected", [
     ("NCX", 7, 96, 56, "amx_depthwise"), ("NXC", 7, 96, 56, "amx_depthwise"), ("NXC", 7, 768, 7, "depthwise"),

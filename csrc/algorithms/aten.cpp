@@ -359,8 +359,10 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
 // at 1.3-2.7 times the float32 rate (about twice the NXC one, in either
 // layout), in 3-D too (205 GMAC/s). Depthwise 3x3 read its data at 12 GB/s
 // (NXC f32), 7 (NCX f32), 4-7 (bf16), twice that with stride 2 and four times
-// for bf16 NXC (21-33), and 7x7 at a tenth to a fortieth of it. The 1-D layer ran at 0.8 times its class's rate. Without AVX-512 BF16,
-// bf16 is taken to run at the float32 rate (not measured).
+// for bf16 NXC (21-33), and 7x7 at a tenth to a fortieth of it. The 1-D
+// layer ran at 0.5 (NXC) and 0.7 (NCX) times its class's rate in float32,
+// 0.65 and 0.5 in bf16 (2026-11-25). Without AVX-512 BF16, bf16 is taken to
+// run at the float32 rate (not measured).
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
@@ -382,7 +384,7 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   else
     macs_per_second = channels_last_rate ? 89e9 : 70e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
-  if (problem.spatial_rank() == 1) macs_per_second *= 0.8;
+  if (problem.spatial_rank() == 1) macs_per_second *= bf16_products ? (nxc ? 0.65 : 0.5) : (nxc ? 0.5 : 0.7);
   if (bf16_products)
     macs_per_second *= 2;
   else if (problem.spatial_rank() == 3)
