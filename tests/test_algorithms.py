@@ -988,6 +988,37 @@ def test_f32_1d_layer_picks(data_format, expected):
     assert run(None, x, dy, [64, 32, 10], attributes)[1] == expected
 
 
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_matmul_sums_bf16_in_float32(stride, data_format):
+    """matmul multiplies bf16 as it is where the CPU has AVX512_BF16 (oneDNN's bf16 matmul), and
+    copies it to float32 elsewhere; either way the 20000 products of each weight, all near 1, sum
+    in float32 (a bf16 sum would stop growing at 256)."""
+    size = (100 * stride, 100)
+    x = 1 + rand(data_shape(2, 24, size, data_format), torch.bfloat16, seed=55) / 8
+    dy = torch.ones(data_shape(2, 40, (100, 100), data_format), dtype=torch.bfloat16)
+    attributes = dict(strides=(stride, 1), data_format=data_format, filter_format="OIX")
+    result, ran = run("matmul", x, dy, [40, 24, 1, 1], attributes)
+    assert ran == "matmul"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [40, 24, 1, 1], **attributes), torch.bfloat16)
+
+
+@pytest.mark.skipif(not AVX512 or AMX or not torch.cpu._is_avx512_bf16_supported(),
+                    reason="the calibration of AVX-512 CPUs with AVX512_BF16 and without AMX")
+@pytest.mark.parametrize("data_format,c,o,size,stride,expected", [
+    ("NXC", 1024, 256, 14, 1, "matmul"), ("NCX", 1024, 256, 14, 1, "matmul"), ("NCX", 256, 512, 56, 2, "matmul"),
+    ("NXC", 64, 256, 56, 1, "aten")])
+def test_bf16_1x1_picks(data_format, c, o, size, stride, expected):
+    """ResNet-50's 1x1 layers in bf16: oneDNN's bf16 matmul ran 1024 -> 256 1.07-1.19 times as fast
+    as its convolution, 256 -> 512 with stride 2 on channels-first data 1.16-1.29 times, and
+    64 -> 256 channels-last 0.93-0.97 times (Zen 4, 2 threads)."""
+    out = (size - 1) // stride + 1
+    x = rand(data_shape(8, c, (size, size), data_format), torch.bfloat16, seed=5)
+    dy = rand(data_shape(8, o, (out, out), data_format), torch.bfloat16, seed=6)
+    attributes = dict(strides=stride, data_format=data_format, filter_format="OIX")
+    assert run(None, x, dy, [o, c, 1, 1], attributes)[1] == expected
+
+
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 @pytest.mark.parametrize("data_format,kernel,channels,size,expected", [
     ("NCX", 7, 96, 56, "amx_depthwise"), ("NXC", 7, 96, 56, "amx_depthwise"), ("NXC", 7, 768, 7, "depthwise"),

@@ -7,8 +7,9 @@ algorithm that supports its problem by a cost model measured on each device:
 - ``"aten_channels_last"``: one copy to channels-last memory, then ATen;
 - ``"aten_channels_first"``: one copy to contiguous NCX memory, then ATen (on CUDA,
   cuDNN's float32 depthwise weight gradient with large kernels is faster there);
-- ``"matmul"``: one ATen matrix product (cuBLAS on CUDA) per group over the
-  input's im2col windows, for problems whose windows read no padding;
+- ``"matmul"``: one ATen matrix product (cuBLAS on CUDA, oneDNN's bf16 matmul
+  on CPUs with AVX-512 BF16) per group over the input's im2col windows, for
+  problems whose windows read no padding;
 - ``"gemm"``: one matrix product per kernel tap over the (sample, spatial) rows,
   on the data as given or packed once into zero-padded channels-last planes;
 - ``"depthwise"``: a vectorised CPU kernel for ``groups == channels``;

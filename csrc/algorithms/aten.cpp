@@ -357,7 +357,9 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
 // kernel (U-Net, DCGAN, the 1-D layer); 1x1 at 61-82, with stride 2 at 83
 // (NXC) and 76 (NCX); 3-D at 24-27. bf16 runs on the CPU's bf16 dot products
 // at 1.3-2.7 times the float32 rate (about twice the NXC one, in either
-// layout), in 3-D too (205 GMAC/s). Depthwise 3x3 read its data at 12 GB/s
+// layout), in 3-D too (205 GMAC/s), but 1x1 on channels-first data at 0.7
+// times the channels-last rate (84-129 GMAC/s against 120-133; with stride 2
+// 98-112 against 137-151; 2026-11-25). Depthwise 3x3 read its data at 12 GB/s
 // (NXC f32), 7 (NCX f32), 4-7 (bf16), twice that with stride 2 and four times
 // for bf16 NXC (21-33), and 7x7 at a tenth to a fortieth of it. The 1-D
 // layer ran at 0.5 (NXC) and 0.7 (NCX) times its class's rate in float32,
@@ -386,7 +388,7 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
   if (problem.spatial_rank() == 1) macs_per_second *= bf16_products ? (nxc ? 0.65 : 0.5) : (nxc ? 0.5 : 0.7);
   if (bf16_products)
-    macs_per_second *= 2;
+    macs_per_second *= g.taps() == 1 && !nxc ? 1.4 : 2;
   else if (problem.spatial_rank() == 3)
     macs_per_second *= 0.3;
   return g.macs() / macs_per_second;

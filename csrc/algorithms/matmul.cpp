@@ -14,8 +14,9 @@
 // that reads it, which the cost model charges.
 //
 // f16/bf16 are multiplied as they are into a float32 product where ATen has
-// that product (CUDA: cuBLAS accumulates in float32), and are copied to
-// float32 elsewhere.
+// that product (CUDA: cuBLAS accumulates in float32), bf16 into a bf16 product
+// where oneDNN sums it in float32 (CPUs with AVX512_BF16, one product), and
+// are copied to float32 elsewhere.
 #include "algorithm.h"
 
 #include <ATen/Context.h>
@@ -43,6 +44,15 @@ bool reads_no_padding(const Geometry& g) {
 // device (aten::mm.dtype, CUDA only), so f16/bf16 need no float32 copies.
 bool multiplies_into_float32(const at::Tensor& data) {
   return data.is_cuda() && at::isReducedFloatingType(data.scalar_type());
+}
+
+// Whether ATen multiplies the bf16 operands of one ungrouped product as they
+// are on this CPU: oneDNN's bf16 matmul on AVX512_BF16 or AMX sums in float32
+// and rounds once, to the bf16 result (which a float32 product and a final
+// conversion would give, to the order of the sums).
+bool multiplies_bf16_on_cpu(const Problem& problem, const Geometry& g) {
+  return problem.input.is_cpu() && problem.input.scalar_type() == at::kBFloat16 && g.groups == 1 &&
+         cpu_has_avx512_bf16();
 }
 
 // One operand as a strided view of the caller's data, its dims in the order
@@ -140,7 +150,8 @@ at::Tensor run(const Problem& problem) {
   const OperandView windows_view = windows_of(problem, g), grad_output_view = grad_output_of(problem, g);
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool into_float32 = multiplies_into_float32(problem.input);
-  const at::ScalarType storage = into_float32 ? dtype : accumulation_dtype(dtype);
+  const bool as_given = into_float32 || multiplies_bf16_on_cpu(problem, g);
+  const at::ScalarType storage = as_given ? dtype : accumulation_dtype(dtype);
   at::Tensor windows = windows_view.matrices(problem.input, storage);
   at::Tensor grad_output = grad_output_view.matrices(problem.grad_output, storage);
   if (!windows_view.rows_first) windows = windows.transpose(1, 2);
@@ -163,7 +174,8 @@ at::Tensor run(const Problem& problem) {
   return problem.finish(canonical);
 }
 
-// Estimated seconds, on CUDA only (elsewhere it runs only when forced).
+// Estimated seconds on CUDA, and for bf16 on AVX-512 CPUs with AVX512_BF16
+// but no AMX (elsewhere it runs only when forced).
 //
 // Measured on an H100 (torch 2.11, GPU time, the benchmark's 1x1 layers at
 // batch 64, 2026-11-24): cuBLAS multiplied f16/bf16 at 330-380 TFLOP/s where
@@ -177,12 +189,14 @@ at::Tensor run(const Problem& problem) {
 // for (by default no TF32, 0.3-0.7x of cuDNN's TF32); the TF32 rate is the
 // benchmark's roofline's (400 TFLOP/s on square products), halved.
 double cost(const Problem& problem, const Geometry& g) {
-  if (!problem.input.is_cuda()) return 1e30;
+  const bool cpu_bf16 = multiplies_bf16_on_cpu(problem, g) && cpu_calibration() == CpuCalibration::Avx512;
+  if (!problem.input.is_cuda() && !cpu_bf16) return 1e30;
   const OperandView windows = windows_of(problem, g), grad_output = grad_output_of(problem, g);
   const at::ScalarType dtype = problem.input.scalar_type();
   const double element_size = problem.input.element_size();
-  const double stored_size = multiplies_into_float32(problem.input) ? element_size
-                                                                     : c10::elementSize(accumulation_dtype(dtype));
+  const double stored_size = multiplies_into_float32(problem.input) || cpu_bf16
+                                 ? element_size
+                                 : c10::elementSize(accumulation_dtype(dtype));
   const double input_bytes = static_cast<double>(g.batch) * g.in_channels * g.in[0] * g.in[1] * g.in[2] * element_size;
   const double windows_elements = windows.elements(), grad_output_elements = grad_output.elements();
   double copy_bytes = 0;
@@ -194,6 +208,18 @@ double cost(const Problem& problem, const Geometry& g) {
   }
   if (stored_size != element_size || !grad_output.is_matrices())
     copy_bytes += grad_output_elements * (element_size + stored_size);
+  if (cpu_bf16) {
+    // Measured on an AMD EPYC (Zen 4, 2 threads, 2026-11-25), ResNet-50's
+    // 1x1 layers, U-Net's and the 1-D layer: oneDNN's bf16 matmul ran at
+    // 140-175 GMAC/s where both sides of the product are wide (256 and more),
+    // 110-130 with 64 input channels and 80-110 with 64 output channels; the
+    // copies cost little (channels-first 1024 -> 256 ran as fast as
+    // channels-last, which has none).
+    const auto width = [](double channels) { return std::min(1.0, (channels + 250) / 505); };
+    const double columns = static_cast<double>(g.in_channels / g.groups) * g.taps();
+    const double macs_per_second = 160e9 * width(static_cast<double>(g.out_channels / g.groups)) * width(columns);
+    return 15e-6 + copy_bytes / 30e9 + g.macs() / macs_per_second;
+  }
   constexpr double kCopyBytesPerSecond = 1.4e12;
   constexpr double kReadBytesPerSecond = 2.4e12;
   const bool reduced = at::isReducedFloatingType(dtype);
