@@ -921,19 +921,20 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
 
 
 # On a CPU with AVX512_BF16, the depthwise kernel sums bf16 layers whose stride along the row
-# equals their dilation in pairs of windows (VDPBF16PS), 8 windows at a time from the row's start,
-# and the rest on float FMAs: rows of 8 windows (all paired), 9 (one left), 23 and 47 (7 left),
-# stride and dilation 2, 1-D and 3-D, 20 channels (a partial vector of lanes), both layouts
-# (channels-first data transposed as it is staged). Elsewhere these run on the float tiles.
+# equals their dilation, with 5 taps or more along the row, in pairs of windows (VDPBF16PS), 8
+# windows at a time from the row's start, and the rest on float FMAs: rows of 8 windows (all
+# paired), 9 (one left), 23 and 47 (7 left), stride and dilation 2, 1-D and 3-D, 20 channels (a
+# partial vector of lanes), both layouts (channels-first data transposed as it is staged).
+# Elsewhere these run on the float tiles.
 PAIRED_BF16_CASES = {
     # name: (n, c, size, kernel, attributes)
-    "8-windows": (2, 16, (5, 8), (3, 3), dict(pads_begin=1, pads_end=1)),
-    "9-windows": (2, 20, (4, 11), (3, 3), {}),
+    "8-windows": (2, 16, (5, 8), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
+    "9-windows": (2, 20, (4, 13), (3, 5), {}),
     "7x7": (1, 24, (9, 23), (7, 7), dict(pads_begin=3, pads_end=3)),
     "stride-2-dilation-2": (2, 16, (6, 40), (3, 5), dict(strides=(1, 2), dilations=(1, 2), pads_begin=(1, 3),
                                                          pads_end=(1, 4))),
     "1-D": (3, 32, (47,), (5,), dict(pads_begin=2, pads_end=2)),
-    "3-D": (1, 17, (3, 4, 19), (2, 3, 3), dict(pads_begin=(0, 1, 1), pads_end=(1, 1, 1))),
+    "3-D": (1, 17, (3, 4, 21), (2, 3, 5), dict(pads_begin=(0, 1, 2), pads_end=(1, 1, 2))),
 }
 
 
@@ -953,19 +954,19 @@ def test_bf16_depthwise_window_pairs(case, data_format):
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 def test_bf16_depthwise_window_pairs_keep_non_finite_inputs_to_the_taps_that_read_them(value, data_format):
     """A pair of windows reads only pixels that both its windows read for the tap: an infinity or
-    NaN in the input's last column (16 windows of 3 taps, unpadded) reaches only the last column
+    NaN in the input's last column (16 windows of 5 taps, unpadded) reaches only the last column
     of taps, and one in its first column only the first."""
-    x = rand(data_shape(2, 16, (4, 18), data_format), torch.bfloat16, seed=51)
-    column = 17 if value != value else 0
+    x = rand(data_shape(2, 16, (4, 20), data_format), torch.bfloat16, seed=51)
+    column = 19 if value != value else 0
     if data_format == "NCX":
         x[1, 3, 2, column] = value
     else:
         x[1, 2, column, 3] = value
     dy = rand(data_shape(2, 16, (2, 16), data_format), torch.bfloat16, seed=52)
     attributes = dict(groups=16, data_format=data_format, filter_format="OIX")
-    result, ran = run("depthwise", x, dy, [16, 1, 3, 3], attributes)
+    result, ran = run("depthwise", x, dy, [16, 1, 3, 5], attributes)
     assert ran == "depthwise"
-    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 3], **attributes))
+    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 5], **attributes))
 
 
 @pytest.mark.skipif(not AVX512 or AMX, reason="the calibration of AVX-512 CPUs without AMX")

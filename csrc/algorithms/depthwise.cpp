@@ -102,11 +102,13 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // line or two); on a Sapphire Rapids the f32 channels-last layer ran
   // 0.94-1.0 times as fast, and on a Zen 3 prefetching measured slower.
   args.prefetch_next_rows = cpu_calibration() == CpuCalibration::Avx512;
-  // Pairs of bf16 windows on AVX512_BF16 dot products ran ConvNeXt's 7x7
-  // layer 1.26-1.44 times as fast channels-last and 1.3 times channels-first
-  // as the float tiles (Zen 4, 2 threads, interleaved); MobileNetV2's 3x3
-  // layers, bound by memory, ran as fast.
-  args.bf16_pairs = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
+  // Pairs of bf16 windows on AVX512_BF16 dot products, for kernels of 5 taps
+  // or more along the row, ran ConvNeXt's 7x7 layer 1.25-1.44 times as fast
+  // channels-last and 1.27-1.3 times channels-first as the float tiles (Zen
+  // 4, 2 threads, interleaved), 5x5 layers 0.98-1.15 times, but MobileNetV2's
+  // 3x3 layer 0.92-0.94 times (other 3x3 layers 0.98-1.13).
+  args.bf16_pairs =
+      problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16() && geometry.kernel[2] >= 5;
   return args;
 }
 
