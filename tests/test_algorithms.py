@@ -1018,6 +1018,9 @@ def test_bf16_1x1_picks(data_format, c, o, size, stride, expected):
     dy = rand(data_shape(8, o, (out, out), data_format), torch.bfloat16, seed=6)
     attributes = dict(strides=stride, data_format=data_format, filter_format="OIX")
     assert run(None, x, dy, [o, c, 1, 1], attributes)[1] == expected
+    # Without oneDNN, ATen's own bf16 product would run instead (slowly): not picked.
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert run(None, x, dy, [o, c, 1, 1], attributes)[1] != "matmul"
 
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")

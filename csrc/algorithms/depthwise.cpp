@@ -36,7 +36,8 @@ namespace kernel = depthwise_kernel;
 // next rows at 19-27 and 14-21), and ConvNeXt ran at 58-70 (f32) and 76-79
 // GMAC/s (bf16; 2026-11-24); prefetching further ahead, its f32 layers
 // streamed at 21-27 GB/s (2026-11-25), where oneDNN's ran the channels-last
-// stride-2 layer at 11-17.5.
+// stride-2 layer at 11-17.5 (f16/bf16 streamed at 11-16 GB/s, bound by the
+// staging's work, against oneDNN's 5-7 and ATen's f16 paths' far less).
 double bytes_per_second() {
   const CpuCalibration calibration = cpu_calibration();
   return calibration == CpuCalibration::Avx512Amx ? 21e9 : calibration == CpuCalibration::Avx512 ? 25e9 : 16e9;

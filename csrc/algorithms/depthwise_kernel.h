@@ -29,8 +29,8 @@ struct Args {
   // Channels a group, input and output alike: 1, 2, 4 or 8, at most one
   // vector of lanes (depthwise.cpp checks).
   int64_t group_channels;
-  // Whether channels_last prefetches the next output row's grad_output row
-  // and the input row it stages first while its tiles run (depthwise.cpp
+  // Whether channels_last prefetches a coming output row's grad_output row
+  // and the input rows it stages first while its tiles run (depthwise.cpp
   // decides by the CPU).
   bool prefetch_next_rows = false;
   // Whether channels_last may sum bf16 data on AVX512_BF16 dot products
@@ -208,8 +208,8 @@ inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_
 // across all its taps, no window needs a bounds check, and memory is read
 // once, in address order. Each input row is staged once and kept in a ring
 // while the output rows that read it pass; the hardware prefetchers follow
-// the staging's reads (prefetching the next rows in software measured
-// slower). A tile keeps the sums of up to kMaxTileTaps taps (several input
+// the staging's reads, and on some CPUs software prefetches of the coming
+// rows help them (Args::prefetch_next_rows). A tile keeps the sums of up to kMaxTileTaps taps (several input
 // rows times several taps along the row) in registers, so one grad_output
 // load serves them all.
 // ---------------------------------------------------------------------------
@@ -655,8 +655,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   const int64_t block_taps = group_channels * taps;
   std::vector<A> acc(blocks * block_taps * kLanes, A(0));
 
-  // Windows that the shared tile takes, kSharedWindows at a time; the rest
-  // go through channels_last_tile.
+  // Windows that the shared tile takes, kSharedWindows at a time, after the
+  // paired ones below; the rest go through channels_last_tile.
   const bool shared = stride == dilation && !broadcast;
   // bf16 windows summed in pairs (channels_last_pair_tile), 2 * kSharedPairs
   // at a time from the row's start, the rest by the float tiles. A paired

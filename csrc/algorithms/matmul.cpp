@@ -50,9 +50,11 @@ bool multiplies_into_float32(const at::Tensor& data) {
 // are on this CPU: oneDNN's bf16 matmul on AVX512_BF16 or AMX sums in float32
 // and rounds once, to the bf16 result (which a float32 product and a final
 // conversion would give, to the order of the sums).
+// Without oneDNN (torch.backends.mkldnn.enabled = False) ATen's own bf16
+// product runs instead, slowly (and in older torch summed in bf16).
 bool multiplies_bf16_on_cpu(const Problem& problem, const Geometry& g) {
   return problem.input.is_cpu() && problem.input.scalar_type() == at::kBFloat16 && g.groups == 1 &&
-         cpu_has_avx512_bf16();
+         cpu_has_avx512_bf16() && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
 }
 
 // One operand as a strided view of the caller's data, its dims in the order
@@ -156,7 +158,7 @@ at::Tensor run(const Problem& problem) {
   at::Tensor grad_output = grad_output_view.matrices(problem.grad_output, storage);
   if (!windows_view.rows_first) windows = windows.transpose(1, 2);
   if (grad_output_view.rows_first) grad_output = grad_output.transpose(1, 2);
-  // (g, O/g, C/g * K) in float32 (float64)
+  // (g, O/g, C/g * K) in float32 (float64; bf16 where multiplies_bf16_on_cpu)
   at::Tensor product;
   if (g.groups == 1) {
     product = (into_float32 ? at::mm(grad_output[0], windows[0], at::kFloat) : at::mm(grad_output[0], windows[0]))
