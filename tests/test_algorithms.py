@@ -36,6 +36,8 @@ def output_size(size, kernel, attributes):
 AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 # AMX tiles, with the OS's leave to use them (torch asks the kernel for it).
 AMX = AVX512 and torch.cpu._is_amx_tile_supported()
+# AVX-512 BF16's bf16 dot products.
+AVX512_BF16 = AVX512 and torch.cpu._is_avx512_bf16_supported()
 
 
 def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16, size=(10, 11)):
@@ -446,7 +448,7 @@ def test_gemm_multiplies_f32_channels_last_1x1_where_it_measured_faster():
     assert ran == "gemm" and blas == AMX
 
 
-@pytest.mark.skipif(not (AMX or (AVX512 and torch.cpu._is_avx512_bf16_supported())),
+@pytest.mark.skipif(not (AMX or AVX512_BF16),
                     reason="needs a CPU with AMX or AVX-512 BF16")
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_bf16_goes_to_onednn_where_the_cpu_multiplies_bf16(data_format):
@@ -1004,7 +1006,7 @@ def test_matmul_sums_bf16_in_float32(stride, data_format):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [40, 24, 1, 1], **attributes), torch.bfloat16)
 
 
-@pytest.mark.skipif(not AVX512 or AMX or not torch.cpu._is_avx512_bf16_supported(),
+@pytest.mark.skipif(not AVX512_BF16 or AMX,
                     reason="the calibration of AVX-512 CPUs with AVX512_BF16 and without AMX")
 @pytest.mark.parametrize("data_format,c,o,size,stride,expected", [
     ("NXC", 1024, 256, 14, 1, "matmul"), ("NCX", 1024, 256, 14, 1, "matmul"), ("NCX", 256, 512, 56, 2, "matmul"),

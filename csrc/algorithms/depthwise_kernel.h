@@ -209,9 +209,9 @@ inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_
 // once, in address order. Each input row is staged once and kept in a ring
 // while the output rows that read it pass; the hardware prefetchers follow
 // the staging's reads, and on some CPUs software prefetches of the coming
-// rows help them (Args::prefetch_next_rows). A tile keeps the sums of up to kMaxTileTaps taps (several input
-// rows times several taps along the row) in registers, so one grad_output
-// load serves them all.
+// rows help them (Args::prefetch_next_rows). A tile keeps the sums of up to
+// kMaxTileTaps taps (several input rows times several taps along the row) in
+// registers, so one grad_output load serves them all.
 // ---------------------------------------------------------------------------
 
 // The tile's sums, the grad_output vector and an input vector fill the

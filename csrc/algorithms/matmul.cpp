@@ -57,6 +57,12 @@ bool multiplies_bf16_on_cpu(const Problem& problem, const Geometry& g) {
          cpu_has_avx512_bf16() && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
 }
 
+// Whether the operands go to the product in the caller's dtype (else copied
+// to the accumulation dtype).
+bool multiplies_as_given(const Problem& problem, const Geometry& g) {
+  return multiplies_into_float32(problem.input) || multiplies_bf16_on_cpu(problem, g);
+}
+
 // One operand as a strided view of the caller's data, its dims in the order
 // its matrices take: (g, rows, columns) or (g, columns, rows), rows being the
 // (N, Y..) axes the product sums over. Plain sizes and strides, so that the
@@ -152,8 +158,7 @@ at::Tensor run(const Problem& problem) {
   const OperandView windows_view = windows_of(problem, g), grad_output_view = grad_output_of(problem, g);
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool into_float32 = multiplies_into_float32(problem.input);
-  const bool as_given = into_float32 || multiplies_bf16_on_cpu(problem, g);
-  const at::ScalarType storage = as_given ? dtype : accumulation_dtype(dtype);
+  const at::ScalarType storage = multiplies_as_given(problem, g) ? dtype : accumulation_dtype(dtype);
   at::Tensor windows = windows_view.matrices(problem.input, storage);
   at::Tensor grad_output = grad_output_view.matrices(problem.grad_output, storage);
   if (!windows_view.rows_first) windows = windows.transpose(1, 2);
@@ -196,9 +201,8 @@ double cost(const Problem& problem, const Geometry& g) {
   const OperandView windows = windows_of(problem, g), grad_output = grad_output_of(problem, g);
   const at::ScalarType dtype = problem.input.scalar_type();
   const double element_size = problem.input.element_size();
-  const double stored_size = multiplies_into_float32(problem.input) || cpu_bf16
-                                 ? element_size
-                                 : c10::elementSize(accumulation_dtype(dtype));
+  const double stored_size =
+      multiplies_as_given(problem, g) ? element_size : c10::elementSize(accumulation_dtype(dtype));
   const double input_bytes = static_cast<double>(g.batch) * g.in_channels * g.in[0] * g.in[1] * g.in[2] * element_size;
   const double windows_elements = windows.elements(), grad_output_elements = grad_output.elements();
   double copy_bytes = 0;
