@@ -971,6 +971,59 @@ def test_bf16_depthwise_window_pairs_keep_non_finite_inputs_to_the_taps_that_rea
     assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 5], **attributes))
 
 
+# On a CPU with AVX512_BF16, channels-first bf16 depthwise layers with stride 1 along the row and
+# fewer than 5 taps along it run output row by output row, 32 windows at a time in pairs
+# (VDPBF16PS), from the input plane staged as it is: rows of 32 windows (one whole step), 33 and 70
+# (a partial last step), 9 (one partial step); stride 2 and dilation 3 across rows, dilation 2 along
+# them; 1-D and 3-D; a kernel of 36 taps (two tiles of sums); input rows read with a stride (a
+# view), planes that are not contiguous (a slice of the channels: nothing prefetched), and a plane
+# larger than 16 KiB (prefetched into L2). Elsewhere these run on the other kernels.
+BF16_PLANE_CASES = {
+    # name: (n, c, size, kernel, attributes)
+    "32-windows": (3, 8, (6, 32), (3, 3), dict(pads_begin=1, pads_end=1)),
+    "33-windows": (2, 5, (5, 35), (3, 3), {}),
+    "70-windows": (2, 3, (4, 70), (2, 4), dict(pads_begin=(0, 2), pads_end=(1, 1))),
+    "9-windows": (4, 6, (7, 9), (3, 1), dict(pads_begin=(1, 0), pads_end=(1, 0))),
+    "strided-rows": (2, 4, (11, 40), (3, 3), dict(strides=(2, 1), dilations=(3, 2), pads_begin=(2, 1),
+                                                     pads_end=(0, 3))),
+    "1-D": (3, 7, (100,), (3,), dict(pads_begin=1, pads_end=0)),
+    "3-D": (2, 3, (4, 5, 38), (2, 3, 3), dict(pads_begin=(1, 0, 1), pads_end=(0, 1, 1))),
+    "36-taps": (1, 2, (12, 40), (9, 4), dict(pads_begin=(4, 1), pads_end=(4, 2))),
+    "large-plane": (2, 2, (100, 96), (3, 3), dict(pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("view", ["contiguous", "strided-rows", "channel-slice"])
+@pytest.mark.parametrize("case", list(BF16_PLANE_CASES))
+def test_bf16_channels_first_depthwise_planes(case, view):
+    n, c, size, kernel, attributes = BF16_PLANE_CASES[case]
+    x = rand(data_shape(n, 2 * c, [*size[:-1], 2 * size[-1]], "NCX"), torch.bfloat16, seed=55)
+    x = x[:, :c, ..., :size[-1]] if view == "contiguous" else x[:, :c, ..., ::2] if view == "strided-rows" else x[:, ::2, ..., :size[-1]]
+    x = x.contiguous() if view == "contiguous" else x
+    out = output_size(size, kernel, attributes)
+    dy = rand(data_shape(n, 2 * c, out, "NCX"), torch.bfloat16, seed=56)
+    dy = dy[:, ::2] if view == "channel-slice" else dy[:, :c].contiguous()
+    attributes = dict(attributes, groups=c, data_format="NCX", filter_format="OIX")
+    result, ran = run("depthwise", x, dy, [c, 1, *kernel], attributes)
+    assert ran == "depthwise"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [c, 1, *kernel], **attributes), torch.bfloat16)
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+@pytest.mark.parametrize("column", [0, 39])
+def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps_that_read_them(value, column):
+    """The lanes past a row's last window load as zero on both sides: an infinity or NaN in the input's
+    first or last column (38 windows of 3 taps a row, unpadded: one whole step and a partial one)
+    reaches only the taps that read it."""
+    x = rand(data_shape(2, 16, (4, 40), "NCX"), torch.bfloat16, seed=57)
+    x[1, 3, 2, column] = value
+    dy = rand(data_shape(2, 16, (2, 38), "NCX"), torch.bfloat16, seed=58)
+    attributes = dict(groups=16, data_format="NCX", filter_format="OIX")
+    result, ran = run("depthwise", x, dy, [16, 1, 3, 3], attributes)
+    assert ran == "depthwise"
+    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 3], **attributes))
+
+
 @pytest.mark.skipif(not AVX512 or AMX, reason="the calibration of AVX-512 CPUs without AMX")
 def test_f32_strided_channels_last_depthwise_goes_to_the_depthwise_kernel():
     """MobileNetV2's stride-2 depthwise layer, channels-last f32: the depthwise kernel ran it 1.55-1.6

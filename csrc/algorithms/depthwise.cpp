@@ -108,8 +108,17 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // channels-last and 1.27-1.3 times channels-first as the float tiles (Zen
   // 4, 2 threads, interleaved), 5x5 layers 0.98-1.15 times, but MobileNetV2's
   // 3x3 layer 0.92-0.94 times (other 3x3 layers 0.98-1.13).
-  args.bf16_pairs =
-      problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16() && geometry.kernel[2] >= 5;
+  const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
+  args.bf16_pairs = bf16_products && geometry.kernel[2] >= 5;
+  // Depthwise channels-first planes on the same products, output row by
+  // output row, where the channels-last kernel would transpose them: against
+  // that, MobileNetV2's 3x3 layers (N=16, stride 1) ran 1.37-1.59 times as
+  // fast at 56x56 (144 channels), 1.39-1.63 at 112x112 and 28x28, 1.71-1.83
+  // at 14x14 and 1.09-1.19 at 7x7 (Zen 4, 2 threads, interleaved). With
+  // stride 2 along the row they ran 0.83-1.18 times as fast, and stay there.
+  args.bf16_planes = bf16_products && !args.bf16_pairs && geometry.stride[2] == 1 && args.group_channels == 1 &&
+                     args.input_strides[1] != 1 && args.grad_output_strides[1] != 1 &&
+                     args.grad_output_strides[4] == 1;
   return args;
 }
 
@@ -189,8 +198,10 @@ double cost(const Problem& problem, const Geometry& g) {
 // channels-first tiles load every tap's vector unaligned. Measured against
 // the channels-first kernel (2 threads, f32 and bf16): MobileNetV2 3x3
 // 1.1-1.3x, stride 2 1.1-1.7x, on 14x14 and 7x7 maps 1.3-2.5x; ConvNeXt 7x7
-// 1.2-1.8x.
+// 1.2-1.8x. Except bf16 planes on dot products (Args::bf16_planes), which
+// the channels-first kernel runs faster still.
 bool use_channels_last(const kernel::Args& args, int64_t channels, int64_t lanes) {
+  if (args.bf16_planes) return false;
   const bool channels_unit = args.input_strides[1] == 1 && args.grad_output_strides[1] == 1;
   const bool rows_unit = args.input_strides[4] == 1 && args.grad_output_strides[4] == 1;
   if (channels_unit) return !rows_unit;
@@ -217,6 +228,7 @@ const Build kPortable{kernel::DEFAULT::channels_last, kernel::DEFAULT::channels_
 // channels-first kernel at 0.5-0.9x.
 const Build& build_for(const kernel::Args& args, int64_t channels, at::ScalarType dtype) {
   if (!cpu_runs_avx2_kernels()) return kPortable;
+  if (args.bf16_planes) return kAvx512;
   if (cpu_is_avx512() && use_channels_last(args, channels, kAvx512.lanes(dtype)) &&
       args.group_channels != kAvx2.lanes(dtype))
     return kAvx512;

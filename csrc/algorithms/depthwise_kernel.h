@@ -36,6 +36,9 @@ struct Args {
   // Whether channels_last may sum bf16 data on AVX512_BF16 dot products
   // (depthwise.cpp decides by the CPU).
   bool bf16_pairs = false;
+  // Whether channels_first sums depthwise bf16 planes on AVX512_BF16 dot
+  // products (the AVX-512 build; grad_output rows of unit stride).
+  bool bf16_planes = false;
   // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
   // or NaN in the data that it loads makes some sum).
   std::atomic<bool>* non_finite = nullptr;
@@ -190,8 +193,8 @@ void stage_phases(const T* source, int64_t element_stride, int64_t size, int64_t
 }
 
 // Prefetches (into L2) part `part` of `parts` of the bytes [begin, begin + bytes):
-// the channels-first kernel stages planes in bursts and fetches the next
-// plane piecewise while computing on the current one, so that memory reads overlap the FMAs.
+// channels_last fetches the coming rows piecewise while its tiles run, so
+// that memory reads overlap the FMAs.
 inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_t parts) {
   constexpr int64_t kLine = 64;
   const char* data = static_cast<const char*>(begin);
@@ -882,6 +885,72 @@ void channels_first_tile(const A* x, const int64_t* offsets, const A* dy, int64_
   }
 }
 
+// Where channels_first stages an input plane: every axis split into `stride`
+// phases, each `length` positions (the windows plus the largest tap shift)
+// with the padding as zeros, and where each tap reads from a window's
+// position.
+struct PlaneLayout {
+  int64_t length[3];
+  int64_t row_pitch, slice_pitch, phase_pitch, plane_pitch;
+  std::vector<int64_t> offsets;  // per tap
+  // Where input rows go, per axis (divisions done once, not per row): the
+  // phase's offset plus the index's, or -1 past the last index any window reads.
+  std::vector<int64_t> row_target[2];
+
+  // `slack` elements after each phase keep loads past a phase's end inside the plane.
+  PlaneLayout(const Args& args, int64_t slack) {
+    const int64_t* s = args.stride;
+    for (int axis = 0; axis < 3; ++axis)
+      length[axis] = args.out[axis] + (args.kernel[axis] - 1) * args.dilation[axis] / s[axis];
+    row_pitch = length[2];
+    slice_pitch = length[1] * length[2];
+    phase_pitch = length[0] * slice_pitch + slack;
+    plane_pitch = s[0] * s[1] * s[2] * phase_pitch;
+    for (int64_t kz = 0; kz < args.kernel[0]; ++kz)
+      for (int64_t ky = 0; ky < args.kernel[1]; ++ky)
+        for (int64_t kx = 0; kx < args.kernel[2]; ++kx) {
+          const int64_t shift[3] = {kz * args.dilation[0], ky * args.dilation[1], kx * args.dilation[2]};
+          const int64_t phase = ((shift[0] % s[0]) * s[1] + shift[1] % s[1]) * s[2] + shift[2] % s[2];
+          offsets.push_back(phase * phase_pitch + shift[0] / s[0] * slice_pitch + shift[1] / s[1] * row_pitch +
+                            shift[2] / s[2]);
+        }
+    for (int axis = 0; axis < 2; ++axis) {
+      const int64_t pitch = axis == 0 ? slice_pitch : row_pitch;
+      const int64_t phase_scale = axis == 0 ? s[1] * s[2] * phase_pitch : s[2] * phase_pitch;
+      for (int64_t i = 0; i < args.in[axis]; ++i) {
+        const int64_t u = i + args.pad_begin[axis];
+        row_target[axis].push_back(u / s[axis] >= length[axis] ? -1
+                                                                : u % s[axis] * phase_scale + u / s[axis] * pitch);
+      }
+    }
+  }
+
+  // Calls stage_row(source row, its first phase's row) for every input row of
+  // the plane that a window reads.
+  template <typename T, typename StageRow>
+  void for_each_row(const Args& args, const T* plane, StageRow&& stage_row) const {
+    const int64_t* x_strides = args.input_strides;
+    for (int64_t iz = 0; iz < args.in[0] && row_target[0][iz] >= 0; ++iz)
+      for (int64_t iy = 0; iy < args.in[1] && row_target[1][iy] >= 0; ++iy)
+        stage_row(plane + iz * x_strides[2] + iy * x_strides[3], row_target[0][iz] + row_target[1][iy]);
+  }
+};
+
+// Whether every (sample, channel) plane of both tensors is one contiguous
+// run of elements (axes of size 1, the lifted ones among them, have any
+// stride).
+inline bool planes_are_dense(const Args& args) {
+  const auto dense = [](const int64_t* sizes, const int64_t* strides) {
+    int64_t expected = 1;
+    for (int axis = 2; axis >= 0; --axis) {
+      if (sizes[axis] != 1 && strides[2 + axis] != expected) return false;
+      expected *= sizes[axis];
+    }
+    return true;
+  };
+  return dense(args.in, args.input_strides) && dense(args.out, args.grad_output_strides);
+}
+
 template <typename T>
 void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
                          int64_t channel_end, acc_type<T>* result) {
@@ -895,58 +964,25 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
   const int64_t taps = args.kernel[0] * args.kernel[1] * args.kernel[2];
   const int64_t group_channels = args.group_channels;
 
-  // Per phase, an axis holds the windows plus the largest tap shift.
-  int64_t length[3];
-  for (int axis = 0; axis < 3; ++axis)
-    length[axis] = args.out[axis] + (args.kernel[axis] - 1) * args.dilation[axis] / s[axis];
-  const int64_t row_pitch = length[2];
-  const int64_t slice_pitch = length[1] * length[2];
-  const int64_t span = (args.out[0] - 1) * slice_pitch + (args.out[1] - 1) * row_pitch + args.out[2];
-  const int64_t vectors = round_up(span, 2 * kLanes) / kLanes;
   // The slack keeps the last taps' final vectors inside the allocation.
-  const int64_t phase_pitch = length[0] * slice_pitch + 2 * kLanes;
+  const PlaneLayout layout(args, 2 * kLanes);
+  const int64_t span = (args.out[0] - 1) * layout.slice_pitch + (args.out[1] - 1) * layout.row_pitch + args.out[2];
+  const int64_t vectors = round_up(span, 2 * kLanes) / kLanes;
 
   // Zeroed once: every plane writes the same positions. The input planes of
   // a group are staged together, when its first output channel comes.
-  const int64_t staged_plane_pitch = s[0] * s[1] * s[2] * phase_pitch;
-  LineAlignedBuffer<A> staged_input(group_channels * staged_plane_pitch);
+  LineAlignedBuffer<A> staged_input(group_channels * layout.plane_pitch);
   LineAlignedBuffer<A> staged_grad_output(vectors * kLanes);
 
-  std::vector<int64_t> offsets(taps);
-  for (int64_t kz = 0, tap = 0; kz < args.kernel[0]; ++kz)
-    for (int64_t ky = 0; ky < args.kernel[1]; ++ky)
-      for (int64_t kx = 0; kx < args.kernel[2]; ++kx, ++tap) {
-        const int64_t shift[3] = {kz * args.dilation[0], ky * args.dilation[1], kx * args.dilation[2]};
-        const int64_t phase = ((shift[0] % s[0]) * s[1] + shift[1] % s[1]) * s[2] + shift[2] % s[2];
-        offsets[tap] = phase * phase_pitch + shift[0] / s[0] * slice_pitch + shift[1] / s[1] * row_pitch +
-                       shift[2] / s[2];
-      }
   const std::vector<TapRange> tiles = tap_tiles(taps, kMaxPlaneTaps);
   std::fill(result, result + (channel_end - channel_begin) * group_channels * taps, A(0));
-  const bool dense_planes = x_strides[4] == 1 && x_strides[3] == args.in[2] && x_strides[2] == args.in[1] * args.in[2] &&
-                            dy_strides[4] == 1 && dy_strides[3] == args.out[2] &&
-                            dy_strides[2] == args.out[1] * args.out[2];
-  const int64_t x_plane_bytes = args.in[0] * args.in[1] * args.in[2] * sizeof(T);
-  const int64_t dy_plane_bytes = args.out[0] * args.out[1] * args.out[2] * sizeof(T);
 
-  // Where input rows go in the staged planes, per axis (divisions done once,
-  // not per row): the phase's offset plus the index's, or -1 past the last
-  // index any window reads.
-  std::vector<int64_t> row_target[2];
-  for (int axis = 0; axis < 2; ++axis) {
-    const int64_t pitch = axis == 0 ? slice_pitch : row_pitch;
-    const int64_t phase_scale = axis == 0 ? s[1] * s[2] * phase_pitch : s[2] * phase_pitch;
-    for (int64_t i = 0; i < args.in[axis]; ++i) {
-      const int64_t u = i + args.pad_begin[axis];
-      row_target[axis].push_back(u / s[axis] >= length[axis] ? -1 : u % s[axis] * phase_scale + u / s[axis] * pitch);
-    }
-  }
   // Stages one input plane into its phases.
   const auto stage_plane = [&](const T* x_plane, A* staged) {
-    for (int64_t iz = 0; iz < args.in[0] && row_target[0][iz] >= 0; ++iz)
-      for (int64_t iy = 0; iy < args.in[1] && row_target[1][iy] >= 0; ++iy)
-        stage_phases(x_plane + iz * x_strides[2] + iy * x_strides[3], x_strides[4], args.in[2], s[2],
-                     args.pad_begin[2], length[2], phase_pitch, staged + row_target[0][iz] + row_target[1][iy]);
+    layout.for_each_row(args, x_plane, [&](const T* row, int64_t target) {
+      stage_phases(row, x_strides[4], args.in[2], s[2], args.pad_begin[2], layout.length[2], layout.phase_pitch,
+                   staged + target);
+    });
   };
 
   for (int64_t n = sample_begin; n < sample_end; ++n) {
@@ -957,37 +993,162 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
         staged_group = group;
         for (int64_t i = 0; i < group_channels; ++i)
           stage_plane(input + n * x_strides[0] + (group * group_channels + i) * x_strides[1],
-                      staged_input.data() + i * staged_plane_pitch);
+                      staged_input.data() + i * layout.plane_pitch);
       }
       const T* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
       for (int64_t y0 = 0; y0 < args.out[0]; ++y0)
         for (int64_t y1 = 0; y1 < args.out[1]; ++y1)
           stage_phases(dy_plane + y0 * dy_strides[2] + y1 * dy_strides[3], dy_strides[4], args.out[2], 1, 0,
-                       length[2], 0, staged_grad_output.data() + y0 * slice_pitch + y1 * row_pitch);
-
-      // The next output channel's plane of this sample, and the next group's
-      // input planes where it starts one, when planes are dense.
-      const bool prefetch = c + 1 < channel_end && dense_planes;
-      const T* next_x_planes =
-          prefetch && (c + 1) % group_channels == 0 ? input + n * x_strides[0] + (c + 1) * x_strides[1] : nullptr;
-      const T* next_dy_plane = prefetch ? dy_plane + dy_strides[1] : nullptr;
+                       layout.length[2], 0,
+                       staged_grad_output.data() + y0 * layout.slice_pitch + y1 * layout.row_pitch);
       A* channel_result = result + (c - channel_begin) * group_channels * taps;
-      const int64_t parts = group_channels * static_cast<int64_t>(tiles.size());
       for (int64_t i = 0; i < group_channels; ++i)
         for (const TapRange& tile : tiles) {
-          const int64_t part = i * static_cast<int64_t>(tiles.size()) + (&tile - tiles.data());
-          if (next_x_planes) prefetch_part(next_x_planes, group_channels * x_plane_bytes, part, parts);
-          if (next_dy_plane) prefetch_part(next_dy_plane, dy_plane_bytes, part, parts);
           A sums[kMaxPlaneTaps];
           with_count<kMaxPlaneTaps>(tile.count, [&]<int kTaps>() {
-            channels_first_tile<kTaps>(staged_input.data() + i * staged_plane_pitch, offsets.data() + tile.first,
-                                       staged_grad_output.data(), vectors, sums);
+            channels_first_tile<kTaps>(staged_input.data() + i * layout.plane_pitch,
+                                       layout.offsets.data() + tile.first, staged_grad_output.data(), vectors, sums);
           });
           for (int64_t b = 0; b < tile.count; ++b) channel_result[i * taps + tile.first + b] += sums[b];
         }
     }
   }
 }
+
+#ifdef TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS
+// ---------------------------------------------------------------------------
+// channels_first on bf16 pairs (Args::bf16_planes: depthwise, stride 1 along
+// the row, grad_output rows of unit stride): lanes run along an output row,
+// 32 windows at a time, and VDPBF16PS sums tap t of windows 2i and 2i + 1 at
+// once, from the pair of their grad_output values and the pair of input
+// values the tap reads, adjacent in the staged plane too. The input plane is
+// staged as it is (bf16); grad_output rows are read in place. Lanes past a
+// row's last window load as zero on both sides, so every product is one the
+// sum has (infinities and NaN stay in the taps that read them). The next
+// planes are prefetched a few lines an output row, so that memory reads
+// overlap the products.
+// ---------------------------------------------------------------------------
+
+// A tile's sums, the grad_output pair and an input pair fill 26 of the 32
+// registers.
+constexpr int kMaxPlanePairTaps = 24;
+
+// What a tile prefetches: `bytes` from `begin`, spread over the output rows,
+// into L1, or into L2 where the planes would crowd L1.
+struct PlanePrefetch {
+  const char* begin[2];
+  int64_t bytes[2];
+  bool into_l1;
+};
+
+// 32 16-bit elements from `row`, zero where `valid` has no bit (not read).
+TORCH_CONVGRAD_BF16_PAIRS_TARGET inline __m512 load_pairs(const uint16_t* row, __mmask32 valid) {
+  return _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(valid, row));
+}
+
+// sums[b] = sum over windows j of x[offsets[b] + row(j) + j2] * dy[row(j) + j2],
+// b < kTaps, rows of the staged plane `x` (layout) and of grad_output
+// (dy_pitch: its strides along the first two spatial axes) alike.
+template <int kTaps>
+TORCH_CONVGRAD_BF16_PAIRS_TARGET void channels_first_pair_tile(const uint16_t* x, const PlaneLayout& layout,
+                                                              const int64_t* offsets, const uint16_t* dy,
+                                                              const int64_t* dy_pitch, const int64_t* out,
+                                                              const PlanePrefetch& prefetch, float* sums_out) {
+  constexpr int64_t kLine = 64;
+  __m512 sums[kTaps];
+#pragma GCC unroll 32
+  for (int b = 0; b < kTaps; ++b) sums[b] = _mm512_setzero_ps();
+  const int64_t rows = out[0] * out[1];
+  int64_t lines_a_row[2], next_line[2] = {0, 0};
+  for (int i = 0; i < 2; ++i) lines_a_row[i] = (prefetch.bytes[i] + kLine * rows - 1) / (kLine * rows);
+  for (int64_t y0 = 0; y0 < out[0]; ++y0)
+    for (int64_t y1 = 0; y1 < out[1]; ++y1) {
+      for (int i = 0; i < 2; ++i)
+        for (int64_t line = 0; line < lines_a_row[i] && next_line[i] * kLine < prefetch.bytes[i]; ++line)
+          if (prefetch.into_l1)
+            _mm_prefetch(prefetch.begin[i] + next_line[i]++ * kLine, _MM_HINT_T0);
+          else
+            _mm_prefetch(prefetch.begin[i] + next_line[i]++ * kLine, _MM_HINT_T1);
+      const uint16_t* x_row = x + y0 * layout.slice_pitch + y1 * layout.row_pitch;
+      const uint16_t* dy_row = dy + y0 * dy_pitch[0] + y1 * dy_pitch[1];
+      for (int64_t j = 0; j < out[2]; j += 32) {
+        const __mmask32 valid = out[2] - j >= 32 ? ~__mmask32(0) : (__mmask32(1) << (out[2] - j)) - 1;
+        const __m512 dy_pairs = load_pairs(dy_row + j, valid);
+#pragma GCC unroll 32
+        for (int b = 0; b < kTaps; ++b)
+          sums[b] = _mm512_dpbf16_ps(sums[b], (__m512bh)load_pairs(x_row + offsets[b] + j, valid),
+                                     (__m512bh)dy_pairs);
+      }
+    }
+#pragma GCC unroll 32
+  for (int b = 0; b < kTaps; ++b) sums_out[b] = _mm512_reduce_add_ps(sums[b]);
+}
+
+// One input row of 16-bit elements into its staged row, as they are (stride
+// 1 along it): element w at w + pad, up to the row's `length`.
+inline void stage_row_16(const uint16_t* source, int64_t element_stride, int64_t size, int64_t pad, int64_t length,
+                         uint16_t* row) {
+  size = std::clamp<int64_t>(length - pad, 0, size);
+  if (element_stride == 1)
+    std::copy(source, source + size, row + pad);
+  else
+    for (int64_t w = 0; w < size; ++w) row[pad + w] = source[w * element_stride];
+}
+
+// The next planes go to L1 while they take at most half of it (Zen 4's 32
+// KiB): MobileNetV2's 56x56 layers ran 1.0-1.04 times as fast so as with
+// prefetches into L2, where its 112x112 stride-2 layer (96 channels) ran 1.18
+// times as fast into L2 (interleaved, 2 threads).
+constexpr int64_t kPrefetchedIntoL1Bytes = 16 * 1024;
+
+void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
+                          int64_t channel_end, float* result) {
+  const auto* input = static_cast<const uint16_t*>(args.input);
+  const auto* grad_output = static_cast<const uint16_t*>(args.grad_output);
+  const int64_t* x_strides = args.input_strides;
+  const int64_t* dy_strides = args.grad_output_strides;
+  const int64_t taps = args.kernel[0] * args.kernel[1] * args.kernel[2];
+  const PlaneLayout layout(args, 0);
+  LineAlignedBuffer<uint16_t> staged_input(layout.plane_pitch);  // zeroed once, as above
+  const std::vector<TapRange> tiles = tap_tiles(taps, kMaxPlanePairTaps);
+  std::fill(result, result + (channel_end - channel_begin) * taps, 0.0f);
+  const int64_t x_plane_bytes = args.in[0] * args.in[1] * args.in[2] * 2;
+  const int64_t dy_plane_bytes = args.out[0] * args.out[1] * args.out[2] * 2;
+  const bool dense_planes = planes_are_dense(args);
+  for (int64_t n = sample_begin; n < sample_end; ++n)
+    for (int64_t c = channel_begin; c < channel_end; ++c) {
+      layout.for_each_row(args, input + n * x_strides[0] + c * x_strides[1], [&](const uint16_t* row, int64_t target) {
+        stage_row_16(row, x_strides[4], args.in[2], args.pad_begin[2], layout.length[2], staged_input.data() + target);
+      });
+      // The next (sample, channel)'s planes, split between the tiles.
+      const bool last = c + 1 == channel_end && n + 1 == sample_end;
+      const int64_t next_n = c + 1 < channel_end ? n : n + 1, next_c = c + 1 < channel_end ? c + 1 : channel_begin;
+      const auto* next_x = reinterpret_cast<const char*>(input + next_n * x_strides[0] + next_c * x_strides[1]);
+      const auto* next_dy =
+          reinterpret_cast<const char*>(grad_output + next_n * dy_strides[0] + next_c * dy_strides[1]);
+      const uint16_t* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
+      const int64_t parts = static_cast<int64_t>(tiles.size());
+      for (const TapRange& tile : tiles) {
+        const int64_t part = &tile - tiles.data();
+        PlanePrefetch prefetch{{nullptr, nullptr}, {0, 0}, false};
+        if (dense_planes && !last) {
+          const int64_t x_begin = x_plane_bytes * part / parts / 64 * 64;
+          const int64_t dy_begin = dy_plane_bytes * part / parts / 64 * 64;
+          prefetch = {{next_x + x_begin, next_dy + dy_begin},
+                      {x_plane_bytes * (part + 1) / parts - x_begin, dy_plane_bytes * (part + 1) / parts - dy_begin},
+                      x_plane_bytes + dy_plane_bytes <= kPrefetchedIntoL1Bytes};
+        }
+        float sums[kMaxPlanePairTaps];
+        with_count<kMaxPlanePairTaps>(tile.count, [&]<int kTaps>() {
+          channels_first_pair_tile<kTaps>(staged_input.data(), layout, layout.offsets.data() + tile.first, dy_plane,
+                                          dy_strides + 2, args.out, prefetch, sums);
+        });
+        float* channel_result = result + (c - channel_begin) * taps;
+        for (int64_t b = 0; b < tile.count; ++b) channel_result[tile.first + b] += sums[b];
+      }
+    }
+}
+#endif
 
 template <template <typename> class Kernel>
 void dispatch(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
@@ -1021,6 +1182,10 @@ void channels_last(const Args& args, int64_t sample_begin, int64_t sample_end, i
 
 void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
                     int64_t channel_end, void* result) {
+#ifdef TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS
+  if (args.bf16_planes)
+    return channels_first_pairs(args, sample_begin, sample_end, channel_begin, channel_end, static_cast<float*>(result));
+#endif
   dispatch<ChannelsFirst>(args, sample_begin, sample_end, channel_begin, channel_end, result);
 }
 
