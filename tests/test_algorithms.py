@@ -291,10 +291,12 @@ def test_depthwise_kernels_of_other_capabilities(capability, tmp_path):
     process: the portable one (CPUs without AVX2) and, on an AVX-512 CPU, the AVX2 one (which it
     runs only for groups of 8 channels and the channels-first kernel). Depthwise and groups of 4
     and 8 in both layouts, with a partial vector of lanes, stride 2 and stride 1 (4 windows at a
-    time and the rest)."""
+    time and the rest); bf16 depthwise, whose channels-first planes only the AVX-512 build sums on
+    dot products."""
     problems = []
     for data_format in ("NXC", "NCX"):
-        for channels, groups, dtype in ((37, 37, torch.float32), (36, 9, torch.bfloat16), (32, 4, torch.float16)):
+        for channels, groups, dtype in ((37, 37, torch.float32), (36, 9, torch.bfloat16), (32, 4, torch.float16),
+                                        (24, 24, torch.bfloat16)):
             for stride, size, out in ((2, (6, 9), (3, 5)), (1, (6, 11), (6, 11))):
                 x = rand(data_shape(2, channels, size, data_format), dtype, seed=9)
                 dy = rand(data_shape(2, channels, out, data_format), dtype, seed=10)
@@ -975,9 +977,10 @@ def test_bf16_depthwise_window_pairs_keep_non_finite_inputs_to_the_taps_that_rea
 # fewer than 5 taps along it run output row by output row, 32 windows at a time in pairs
 # (VDPBF16PS), from the input plane staged as it is: rows of 32 windows (one whole step), 33 and 70
 # (a partial last step), 9 (one partial step); stride 2 and dilation 3 across rows, dilation 2 along
-# them; 1-D and 3-D; a kernel of 36 taps (two tiles of sums); input rows read with a stride (a
-# view), planes that are not contiguous (a slice of the channels: nothing prefetched), and a plane
-# larger than 16 KiB (prefetched into L2). Elsewhere these run on the other kernels.
+# them; 1-D and 3-D; a kernel of 36 taps (two tiles of sums); a plane of 100x96. Each contiguous
+# (the next planes prefetched), and as views: input rows read with a stride, and a slice of the
+# channels and of the rows (planes not contiguous, so nothing prefetched, except in 1-D).
+# Elsewhere these run on the other kernels.
 BF16_PLANE_CASES = {
     # name: (n, c, size, kernel, attributes)
     "32-windows": (3, 8, (6, 32), (3, 3), dict(pads_begin=1, pads_end=1)),

@@ -116,9 +116,11 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // fast at 56x56 (144 channels), 1.39-1.63 at 112x112 and 28x28, 1.71-1.83
   // at 14x14 and 1.09-1.19 at 7x7 (Zen 4, 2 threads, interleaved). With
   // stride 2 along the row they ran 0.83-1.18 times as fast, and stay there.
-  args.bf16_planes = bf16_products && !args.bf16_pairs && geometry.stride[2] == 1 && args.group_channels == 1 &&
-                     args.input_strides[1] != 1 && args.grad_output_strides[1] != 1 &&
-                     args.grad_output_strides[4] == 1;
+  args.bf16_planes = bf16_products && cpu_is_avx512() && kernel::AVX512::bf16_planes_built() && !args.bf16_pairs &&
+                     geometry.stride[2] == 1 && args.group_channels == 1 && args.input_strides[1] != 1 &&
+                     args.grad_output_strides[1] != 1 && args.grad_output_strides[4] == 1;
+  args.dense_planes = spatial_flattens(geometry.in, geometry.input_strides) &&
+                      spatial_flattens(geometry.out, geometry.grad_output_strides);
   return args;
 }
 

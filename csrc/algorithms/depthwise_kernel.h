@@ -37,8 +37,11 @@ struct Args {
   // (depthwise.cpp decides by the CPU).
   bool bf16_pairs = false;
   // Whether channels_first sums depthwise bf16 planes on AVX512_BF16 dot
-  // products (the AVX-512 build; grad_output rows of unit stride).
+  // products (the AVX-512 build where it has them: bf16_planes_built();
+  // grad_output rows of unit stride), and whether both tensors' planes are
+  // contiguous (it then prefetches the next ones).
   bool bf16_planes = false;
+  bool dense_planes = false;
   // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
   // or NaN in the data that it loads makes some sum).
   std::atomic<bool>* non_finite = nullptr;
@@ -61,6 +64,8 @@ struct Args {
 
 namespace AVX512 {
 TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
+// Whether this build's channels_first has the bf16 planes (Args::bf16_planes).
+bool bf16_planes_built();
 }
 namespace AVX2 {
 TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
@@ -936,21 +941,6 @@ struct PlaneLayout {
   }
 };
 
-// Whether every (sample, channel) plane of both tensors is one contiguous
-// run of elements (axes of size 1, the lifted ones among them, have any
-// stride).
-inline bool planes_are_dense(const Args& args) {
-  const auto dense = [](const int64_t* sizes, const int64_t* strides) {
-    int64_t expected = 1;
-    for (int axis = 2; axis >= 0; --axis) {
-      if (sizes[axis] != 1 && strides[2 + axis] != expected) return false;
-      expected *= sizes[axis];
-    }
-    return true;
-  };
-  return dense(args.in, args.input_strides) && dense(args.out, args.grad_output_strides);
-}
-
 template <typename T>
 void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
                          int64_t channel_end, acc_type<T>* result) {
@@ -1033,12 +1023,12 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
 // registers.
 constexpr int kMaxPlanePairTaps = 24;
 
-// What a tile prefetches: `bytes` from `begin`, spread over the output rows,
-// into L1, or into L2 where the planes would crowd L1.
+// What a tile prefetches (into L1; into L2 measured 1.0-1.06 times slower,
+// planes of 28x28 to 224x224): the lines from `begin` (line-aligned) up to
+// `end`, spread over the output rows.
 struct PlanePrefetch {
   const char* begin[2];
-  int64_t bytes[2];
-  bool into_l1;
+  const char* end[2];
 };
 
 // 32 16-bit elements from `row`, zero where `valid` has no bit (not read).
@@ -1059,16 +1049,14 @@ TORCH_CONVGRAD_BF16_PAIRS_TARGET void channels_first_pair_tile(const uint16_t* x
 #pragma GCC unroll 32
   for (int b = 0; b < kTaps; ++b) sums[b] = _mm512_setzero_ps();
   const int64_t rows = out[0] * out[1];
-  int64_t lines_a_row[2], next_line[2] = {0, 0};
-  for (int i = 0; i < 2; ++i) lines_a_row[i] = (prefetch.bytes[i] + kLine * rows - 1) / (kLine * rows);
+  const char* next_line[2] = {prefetch.begin[0], prefetch.begin[1]};
+  int64_t lines_a_row[2];
+  for (int i = 0; i < 2; ++i) lines_a_row[i] = (prefetch.end[i] - prefetch.begin[i] + kLine * rows - 1) / (kLine * rows);
   for (int64_t y0 = 0; y0 < out[0]; ++y0)
     for (int64_t y1 = 0; y1 < out[1]; ++y1) {
       for (int i = 0; i < 2; ++i)
-        for (int64_t line = 0; line < lines_a_row[i] && next_line[i] * kLine < prefetch.bytes[i]; ++line)
-          if (prefetch.into_l1)
-            _mm_prefetch(prefetch.begin[i] + next_line[i]++ * kLine, _MM_HINT_T0);
-          else
-            _mm_prefetch(prefetch.begin[i] + next_line[i]++ * kLine, _MM_HINT_T1);
+        for (int64_t line = 0; line < lines_a_row[i] && next_line[i] < prefetch.end[i]; ++line, next_line[i] += kLine)
+          _mm_prefetch(next_line[i], _MM_HINT_T0);
       const uint16_t* x_row = x + y0 * layout.slice_pitch + y1 * layout.row_pitch;
       const uint16_t* dy_row = dy + y0 * dy_pitch[0] + y1 * dy_pitch[1];
       for (int64_t j = 0; j < out[2]; j += 32) {
@@ -1095,12 +1083,6 @@ inline void stage_row_16(const uint16_t* source, int64_t element_stride, int64_t
     for (int64_t w = 0; w < size; ++w) row[pad + w] = source[w * element_stride];
 }
 
-// The next planes go to L1 while they take at most half of it (Zen 4's 32
-// KiB): MobileNetV2's 56x56 layers ran 1.0-1.04 times as fast so as with
-// prefetches into L2, where its 112x112 stride-2 layer (96 channels) ran 1.18
-// times as fast into L2 (interleaved, 2 threads).
-constexpr int64_t kPrefetchedIntoL1Bytes = 16 * 1024;
-
 void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
                           int64_t channel_end, float* result) {
   const auto* input = static_cast<const uint16_t*>(args.input);
@@ -1114,29 +1096,30 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
   std::fill(result, result + (channel_end - channel_begin) * taps, 0.0f);
   const int64_t x_plane_bytes = args.in[0] * args.in[1] * args.in[2] * 2;
   const int64_t dy_plane_bytes = args.out[0] * args.out[1] * args.out[2] * 2;
-  const bool dense_planes = planes_are_dense(args);
   for (int64_t n = sample_begin; n < sample_end; ++n)
     for (int64_t c = channel_begin; c < channel_end; ++c) {
       layout.for_each_row(args, input + n * x_strides[0] + c * x_strides[1], [&](const uint16_t* row, int64_t target) {
         stage_row_16(row, x_strides[4], args.in[2], args.pad_begin[2], layout.length[2], staged_input.data() + target);
       });
-      // The next (sample, channel)'s planes, split between the tiles.
-      const bool last = c + 1 == channel_end && n + 1 == sample_end;
+      // The next (sample, channel)'s planes, where planes are contiguous, a
+      // part a tile.
+      const bool prefetch_next = args.dense_planes && !(c + 1 == channel_end && n + 1 == sample_end);
       const int64_t next_n = c + 1 < channel_end ? n : n + 1, next_c = c + 1 < channel_end ? c + 1 : channel_begin;
-      const auto* next_x = reinterpret_cast<const char*>(input + next_n * x_strides[0] + next_c * x_strides[1]);
-      const auto* next_dy =
-          reinterpret_cast<const char*>(grad_output + next_n * dy_strides[0] + next_c * dy_strides[1]);
+      const char* next_planes[2] = {
+          prefetch_next ? reinterpret_cast<const char*>(input + next_n * x_strides[0] + next_c * x_strides[1])
+                        : nullptr,
+          prefetch_next ? reinterpret_cast<const char*>(grad_output + next_n * dy_strides[0] + next_c * dy_strides[1])
+                        : nullptr};
+      const int64_t plane_bytes[2] = {x_plane_bytes, dy_plane_bytes};
       const uint16_t* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
       const int64_t parts = static_cast<int64_t>(tiles.size());
       for (const TapRange& tile : tiles) {
         const int64_t part = &tile - tiles.data();
-        PlanePrefetch prefetch{{nullptr, nullptr}, {0, 0}, false};
-        if (dense_planes && !last) {
-          const int64_t x_begin = x_plane_bytes * part / parts / 64 * 64;
-          const int64_t dy_begin = dy_plane_bytes * part / parts / 64 * 64;
-          prefetch = {{next_x + x_begin, next_dy + dy_begin},
-                      {x_plane_bytes * (part + 1) / parts - x_begin, dy_plane_bytes * (part + 1) / parts - dy_begin},
-                      x_plane_bytes + dy_plane_bytes <= kPrefetchedIntoL1Bytes};
+        PlanePrefetch prefetch{{nullptr, nullptr}, {nullptr, nullptr}};
+        for (int i = 0; prefetch_next && i < 2; ++i) {
+          const auto first = reinterpret_cast<std::uintptr_t>(next_planes[i] + plane_bytes[i] * part / parts);
+          prefetch.begin[i] = reinterpret_cast<const char*>(first & ~std::uintptr_t{63});
+          prefetch.end[i] = next_planes[i] + plane_bytes[i] * (part + 1) / parts;
         }
         float sums[kMaxPlanePairTaps];
         with_count<kMaxPlanePairTaps>(tile.count, [&]<int kTaps>() {
@@ -1179,6 +1162,16 @@ void channels_last(const Args& args, int64_t sample_begin, int64_t sample_end, i
                    int64_t channel_end, void* result) {
   dispatch<ChannelsLast>(args, sample_begin, sample_end, channel_begin, channel_end, result);
 }
+
+#ifdef CPU_CAPABILITY_AVX512
+bool bf16_planes_built() {
+#ifdef TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS
+  return true;
+#else
+  return false;
+#endif
+}
+#endif
 
 void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
                     int64_t channel_end, void* result) {
