@@ -1114,6 +1114,50 @@ def test_bf16_strided_3x3_channels_first_goes_to_amx_planes():
     assert run(None, x, dy, [128, 128, 3, 3], attributes)[1] == "amx_planes"
 
 
+def cuda_matmul_problem(dtype):
+    """An unpadded stride-2 1x1 layer on NCX CUDA data, which matmul supports."""
+    x = rand(data_shape(2, 16, (8, 8), "NCX"), dtype, seed=23, device="cuda")
+    dy = rand(data_shape(2, 24, (4, 4), "NCX"), dtype, seed=24, device="cuda")
+    return x, dy, [24, 16, 1, 1], dict(strides=2, data_format="NCX", filter_format="OIX")
+
+
+@requires_cuda
+@pytest.mark.parametrize("config", [None, ":4096:8", ":16:8"])
+def test_cuda_matmul_runs_deterministically_only_with_a_fixed_cublas_workspace(config, monkeypatch):
+    """Under torch.use_deterministic_algorithms, cuBLAS (matmul) runs only with a deterministic
+    workspace; without one the problem goes to cuDNN, where ATen's mm would have raised."""
+    if config is None:
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    else:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", config)
+    x, dy, shape, attributes = cuda_matmul_problem(torch.bfloat16)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        result, ran = run("matmul", x, dy, shape, attributes)
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert (ran == "matmul") == (config is not None)
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), torch.bfloat16)
+
+
+@requires_cuda
+@pytest.mark.parametrize("cublas_tf32,cudnn_tf32,runs", [(True, False, False), (False, True, True),
+                                                          (False, False, True), (True, True, True)])
+def test_cuda_f32_matmul_is_never_less_precise_than_the_convolution_tf32_setting(cublas_tf32, cudnn_tf32, runs):
+    """f32 follows torch.backends.cudnn.allow_tf32: cuBLAS (matmul) runs unless only its own
+    setting allows TF32."""
+    x, dy, shape, attributes = cuda_matmul_problem(torch.float32)
+    with torch.backends.cudnn.flags(allow_tf32=cudnn_tf32):
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = cublas_tf32
+        try:
+            ran = run("matmul", x, dy, shape, attributes)[1]
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+    assert (ran == "matmul") == runs
+
+
 # The CUDA cost models' picks on the benchmark's layers at its CUDA batch (64), each measured
 # faster there on an H100 (GPU time, torch 2.11, 2026-11-24): a float32 7x7 depthwise layer on
 # channels-last data copied to NCX (3.0x), a bf16 one on NCX data copied to channels-last

@@ -25,7 +25,9 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 namespace torch_convgrad {
 namespace {
@@ -144,8 +146,27 @@ OperandView grad_output_of(const Problem& problem, const Geometry& g) {
   return view;
 }
 
+// cuBLAS's products are deterministic only with a fixed workspace
+// (CUBLAS_WORKSPACE_CONFIG=:4096:8 or :16:8, as PyTorch checks): without one,
+// under torch.use_deterministic_algorithms ATen's mm raises (or warns),
+// where cuDNN's convolutions pick deterministic algorithms instead.
+bool cublas_may_run() {
+  if (!at::globalContext().deterministicAlgorithms()) return true;
+  const char* config = std::getenv("CUBLAS_WORKSPACE_CONFIG");
+  return config != nullptr && (std::string_view(config) == ":4096:8" || std::string_view(config) == ":16:8");
+}
+
 bool supports(const Problem& problem) {
   if (!(problem.input.is_cuda() || problem.input.is_cpu())) return false;
+  if (problem.input.is_cuda()) {
+    if (!cublas_may_run()) return false;
+    // f32 follows the TF32 setting for convolutions (cuDNN's), and cuBLAS
+    // follows its own: where only cuBLAS's allows TF32, its products would
+    // be less precise than the convolutions' the caller asked for.
+    const at::Context& context = at::globalContext();
+    if (problem.input.scalar_type() == at::kFloat && context.allowTF32CuBLAS() && !context.allowTF32CuDNN())
+      return false;
+  }
   const Geometry g = geometry_of(problem);
   // cuBLAS takes 32-bit sizes.
   constexpr int64_t kLargest = std::numeric_limits<int32_t>::max();
