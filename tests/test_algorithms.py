@@ -3,6 +3,7 @@
 Correctness of every algorithm against the float64 reference is in the sweeps
 (test_semantics.py, test_precision.py), which run once per forced algorithm.
 """
+import contextlib
 import os
 import subprocess
 import sys
@@ -51,6 +52,17 @@ def run(algorithm, x, dy, shape, attributes):
     with torch_convgrad.use_algorithm(algorithm):
         out = torch_convgrad.conv_backprop_filters(x, dy, shape, **attributes)
         return out, torch_convgrad.last_algorithm()
+
+
+@contextlib.contextmanager
+def setting(get, set_to, value):
+    """A global setting (``get()``, ``set_to(value)``) at ``value`` inside, restored after."""
+    before = get()
+    set_to(value)
+    try:
+        yield
+    finally:
+        set_to(before)
 
 
 def test_the_algorithms():
@@ -197,12 +209,8 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     x = rand(data_shape(n, c, size, data_format), dtype, seed=27)
     dy = rand(data_shape(n, o, out, data_format), dtype, seed=28)
     shape = [o, c // groups, *kernel]
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with setting(torch.get_num_threads, torch.set_num_threads, threads):
         result, ran = run("gemm", x, dy, shape, attributes)
-    finally:
-        torch.set_num_threads(before)
     assert ran == "gemm"
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
@@ -1131,12 +1139,8 @@ def test_cuda_matmul_runs_deterministically_only_with_a_fixed_cublas_workspace(c
     else:
         monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", config)
     x, dy, shape, attributes = cuda_matmul_problem(torch.bfloat16)
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    try:
+    with setting(torch.are_deterministic_algorithms_enabled, torch.use_deterministic_algorithms, True):
         result, ran = run("matmul", x, dy, shape, attributes)
-    finally:
-        torch.use_deterministic_algorithms(previous)
     assert (ran == "matmul") == (config is not None)
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), torch.bfloat16)
 
@@ -1148,13 +1152,10 @@ def test_cuda_f32_matmul_is_never_less_precise_than_the_convolution_tf32_setting
     """f32 follows torch.backends.cudnn.allow_tf32: cuBLAS (matmul) runs unless only its own
     setting allows TF32."""
     x, dy, shape, attributes = cuda_matmul_problem(torch.float32)
-    with torch.backends.cudnn.flags(allow_tf32=cudnn_tf32):
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = cublas_tf32
-        try:
-            ran = run("matmul", x, dy, shape, attributes)[1]
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
+    def tf32(backend):
+        return lambda: backend.allow_tf32, lambda value: setattr(backend, "allow_tf32", value)
+    with setting(*tf32(torch.backends.cudnn), cudnn_tf32), setting(*tf32(torch.backends.cuda.matmul), cublas_tf32):
+        ran = run("matmul", x, dy, shape, attributes)[1]
     assert (ran == "matmul") == runs
 
 
