@@ -200,10 +200,8 @@ double cost(const Problem& problem, const Geometry& g) {
 // channels-first tiles load every tap's vector unaligned. Measured against
 // the channels-first kernel (2 threads, f32 and bf16): MobileNetV2 3x3
 // 1.1-1.3x, stride 2 1.1-1.7x, on 14x14 and 7x7 maps 1.3-2.5x; ConvNeXt 7x7
-// 1.2-1.8x. Except bf16 planes on dot products (Args::bf16_planes), which
-// the channels-first kernel runs faster still.
+// 1.2-1.8x.
 bool use_channels_last(const kernel::Args& args, int64_t channels, int64_t lanes) {
-  if (args.bf16_planes) return false;
   const bool channels_unit = args.input_strides[1] == 1 && args.grad_output_strides[1] == 1;
   const bool rows_unit = args.input_strides[4] == 1 && args.grad_output_strides[4] == 1;
   if (channels_unit) return !rows_unit;
@@ -230,7 +228,6 @@ const Build kPortable{kernel::DEFAULT::channels_last, kernel::DEFAULT::channels_
 // channels-first kernel at 0.5-0.9x.
 const Build& build_for(const kernel::Args& args, int64_t channels, at::ScalarType dtype) {
   if (!cpu_runs_avx2_kernels()) return kPortable;
-  if (args.bf16_planes) return kAvx512;
   if (cpu_is_avx512() && use_channels_last(args, channels, kAvx512.lanes(dtype)) &&
       args.group_channels != kAvx2.lanes(dtype))
     return kAvx512;
@@ -240,6 +237,9 @@ const Build& build_for(const kernel::Args& args, int64_t channels, at::ScalarTyp
 at::Tensor run(const Problem& problem) {
   const Geometry geometry = geometry_of(problem);
   const kernel::Args args = depthwise_args(problem, geometry);
+  // bf16 planes on dot products (Args::bf16_planes) run faster still in the
+  // AVX-512 build's channels-first kernel, a sample group's planes in order.
+  if (args.bf16_planes) return run_depthwise_tasks(problem, geometry, args, kAvx512.channels_first, 0, 1);
   const int64_t channels = geometry.in_channels;
   const Build& build = build_for(args, channels, problem.input.scalar_type());
   const int64_t lanes = build.lanes(problem.input.scalar_type());
