@@ -933,11 +933,15 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
 
 
 # On a CPU with AVX512_BF16, the depthwise kernel sums bf16 layers whose stride along the row
-# equals their dilation, with 5 taps or more along the row, in pairs of windows (VDPBF16PS), 8
-# windows at a time from the row's start, and the rest on float FMAs: rows of 8 windows (all
-# paired), 9 (one left), 23 and 47 (7 left), stride and dilation 2, 1-D and 3-D, 20 channels (a
-# partial vector of lanes), both layouts (channels-first data transposed as it is staged).
-# Elsewhere these run on the float tiles.
+# equals their dilation, with 3 taps or more along the row (but channels-first stride-1 layers with
+# fewer than 5, the planes below), in pairs of windows (VDPBF16PS), 8 windows at a time from the
+# row's start, and the rest on float FMAs: rows of 8 windows (all paired), 9 (one left), 23 and 47
+# (7 left), 70 (6 left), stride and dilation 2, 1-D and 3-D, 20 and 17 channels (a partial vector
+# of lanes), 3 and 4 taps along the row, both layouts. The pairs are staged straight from
+# channels-last data, and from channels-first rows of 32 pairs or more by transposes (the 1-D case
+# and the 70-window one, whose 20 channels leave a partial transposition); from a float staging of
+# the row otherwise: shorter or strided rows, and steps of 2. Each contiguous and with rows read at
+# a stride. Elsewhere these run on the float tiles.
 PAIRED_BF16_CASES = {
     # name: (n, c, size, kernel, attributes)
     "8-windows": (2, 16, (5, 8), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
@@ -947,14 +951,23 @@ PAIRED_BF16_CASES = {
                                                          pads_end=(1, 4))),
     "1-D": (3, 32, (47,), (5,), dict(pads_begin=2, pads_end=2)),
     "3-D": (1, 17, (3, 4, 21), (2, 3, 5), dict(pads_begin=(0, 1, 2), pads_end=(1, 1, 2))),
+    "70-windows": (2, 20, (3, 70), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
+    "3-taps": (2, 24, (5, 40), (3, 3), dict(pads_begin=1, pads_end=1)),
+    "4-taps": (2, 16, (4, 35), (2, 4), dict(pads_begin=(0, 2), pads_end=(1, 1))),
 }
 
 
+@pytest.mark.parametrize("view", ["contiguous", "strided-rows"])
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("case", list(PAIRED_BF16_CASES))
-def test_bf16_depthwise_window_pairs(case, data_format):
+def test_bf16_depthwise_window_pairs(case, data_format, view):
     n, c, size, kernel, attributes = PAIRED_BF16_CASES[case]
-    x = rand(data_shape(n, c, size, data_format), torch.bfloat16, seed=49)
+    wide = [*size[:-1], 2 * size[-1]]
+    x = rand(data_shape(n, c, wide, data_format), torch.bfloat16, seed=49)
+    row = [slice(None)] * x.dim()
+    row[x.dim() - (2 if data_format == "NXC" else 1)] = slice(None, size[-1]) if view == "contiguous" else slice(None, None, 2)
+    x = x[tuple(row)].contiguous() if view == "contiguous" else x[tuple(row)]
+    assert list(x.shape) == data_shape(n, c, size, data_format)
     dy = rand(data_shape(n, c, output_size(size, kernel, attributes), data_format), torch.bfloat16, seed=50)
     attributes = dict(attributes, groups=c, data_format=data_format, filter_format="OIX")
     result, ran = run("depthwise", x, dy, [c, 1, *kernel], attributes)

@@ -103,22 +103,25 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // line or two); on a Sapphire Rapids the f32 channels-last layer ran
   // 0.94-1.0 times as fast, and on a Zen 3 prefetching measured slower.
   args.prefetch_next_rows = cpu_calibration() == CpuCalibration::Avx512;
-  // Pairs of bf16 windows on AVX512_BF16 dot products, for kernels of 5 taps
-  // or more along the row, ran ConvNeXt's 7x7 layer 1.25-1.44 times as fast
-  // channels-last and 1.27-1.3 times channels-first as the float tiles (Zen
-  // 4, 2 threads, interleaved), 5x5 layers 0.98-1.15 times, but MobileNetV2's
-  // 3x3 layer 0.92-0.94 times (other 3x3 layers 0.98-1.13).
+  // Depthwise channels-first planes on AVX512_BF16 dot products, output row
+  // by output row, where the channels-last kernel would transpose them:
+  // against that, MobileNetV2's 3x3 layers (N=16, stride 1) ran 1.37-1.59
+  // times as fast at 56x56 (144 channels), 1.39-1.63 at 112x112 and 28x28,
+  // 1.71-1.83 at 14x14 and 1.09-1.19 at 7x7 (Zen 4, 2 threads,
+  // interleaved). With stride 2 along the row they ran 0.83-1.18 times as
+  // fast, and with 7 taps along it 0.77 times, and stay there.
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
-  args.bf16_pairs = bf16_products && geometry.kernel[2] >= 5;
-  // Depthwise channels-first planes on the same products, output row by
-  // output row, where the channels-last kernel would transpose them: against
-  // that, MobileNetV2's 3x3 layers (N=16, stride 1) ran 1.37-1.59 times as
-  // fast at 56x56 (144 channels), 1.39-1.63 at 112x112 and 28x28, 1.71-1.83
-  // at 14x14 and 1.09-1.19 at 7x7 (Zen 4, 2 threads, interleaved). With
-  // stride 2 along the row they ran 0.83-1.18 times as fast, and stay there.
-  args.bf16_planes = bf16_products && cpu_is_avx512() && kernel::AVX512::bf16_planes_built() && !args.bf16_pairs &&
-                     geometry.stride[2] == 1 && args.group_channels == 1 && args.input_strides[1] != 1 &&
-                     args.grad_output_strides[1] != 1 && args.grad_output_strides[4] == 1;
+  args.bf16_planes = bf16_products && cpu_is_avx512() && kernel::AVX512::bf16_planes_built() &&
+                     geometry.kernel[2] < 5 && geometry.stride[2] == 1 && args.group_channels == 1 &&
+                     args.input_strides[1] != 1 && args.grad_output_strides[1] != 1 &&
+                     args.grad_output_strides[4] == 1;
+  // Elsewhere, pairs of windows on the same products, for 3 taps or more
+  // along the row, staged straight from the data, against the float tiles
+  // (Zen 4, 2 threads, interleaved): ConvNeXt's 7x7 layer 1.25-1.44 times as
+  // fast channels-last and 1.27-1.3 times channels-first, and channels-last
+  // 3x3 layers 1.01-1.35 times (MobileNetV2's at 56x56 1.17), 4-wide 1.13-1.24;
+  // 2-wide 0.98-1.10 times, so those stay on the float tiles.
+  args.bf16_pairs = bf16_products && geometry.kernel[2] >= 3 && !args.bf16_planes;
   args.dense_planes = spatial_flattens(geometry.in, geometry.input_strides) &&
                       spatial_flattens(geometry.out, geometry.grad_output_strides);
   return args;
