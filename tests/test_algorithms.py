@@ -215,6 +215,27 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
+# Channels-first 1x1 data that gemm reads in place does not flatten across samples: BLAS multiplies
+# the samples as one batch where a sample has 512 rows or more (24x24, 600 in 1-D), and one at a
+# time below (22x22): groups, float64, a stride-1 1-D layer, samples read at a stride (a slice of a
+# larger batch), and f16 (converted a sample at a time, never batched).
+@pytest.mark.parametrize("case", [
+    dict(size=(24, 24)), dict(size=(24, 24), groups=2), dict(size=(24, 24), dtype=torch.float64),
+    dict(size=(600,)), dict(size=(24, 24), sample_step=2), dict(size=(22, 22)),
+    dict(size=(24, 24), dtype=torch.float16),
+], ids=["24x24", "groups", "f64", "1-D", "sample-stride", "22x22", "f16"])
+def test_gemm_multiplies_channels_first_samples_as_a_batch(case):
+    n, c, o, size = 3, 8, 12, case["size"]
+    dtype, groups, step = case.get("dtype", torch.float32), case.get("groups", 1), case.get("sample_step", 1)
+    attributes = dict(groups=groups, data_format="NCX", filter_format="OIX")
+    x = rand(data_shape(n * step, c, size, "NCX"), dtype, seed=59)[::step]
+    dy = rand(data_shape(n * step, o, size, "NCX"), dtype, seed=60)[::step]
+    shape = [o, c // groups, *[1] * len(size)]
+    result, ran = run("gemm", x, dy, shape, attributes)
+    assert ran == "gemm"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
+
+
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_gemm_results_outlive_its_scratch_buffers(data_format):
     # gemm packs its operands into per-thread buffers that the next call reuses.

@@ -26,6 +26,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/addmm.h>
+#include <ATen/ops/bmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
@@ -345,6 +346,9 @@ bool packs_input_channels_first(const Problem& problem, const Layout& layout, co
 // Below this many rows per product, samples are multiplied together where
 // their rows are contiguous (BLAS runs best at a few thousand rows).
 constexpr int64_t kRowsPerProduct = 8192;
+// From this many rows per sample, BLAS multiplies samples whose rows do not
+// flatten together as one batch (run()).
+constexpr int64_t kRowsPerBatchedProduct = 512;
 
 // Whether the fused kernel takes the output gradient as its first operand:
 // it packs B's rows once for every tile of A's, so with one tap and fewer
@@ -414,36 +418,46 @@ void fused_products(const at::Tensor& planes, const at::Tensor& grad_output, int
                  in_per_group, out_per_group, out[group].mutable_data_ptr<float>(), accumulate);
 }
 
-// The same through BLAS in `dtype`, for `count` samples from `first`.
+// The same through BLAS in `dtype`, for `count` samples from `first`:
+// products over `product_rows` rows that run across the samples, or with
+// `batched`, one product a sample (`product_rows` each), as one batch whose
+// sum is the result (not accumulated).
 // Operands in another dtype are converted a block of samples at a time,
 // into this thread's scratch buffers: a whole-tensor conversion would write
 // fresh memory and fault in every page of it (1x1 64->256 NCX f16 took
 // 7.1 ms so, 4.1 converted a sample at a time; N=8, 56x56, 2 threads), and
 // fresh blocks took 3-4% longer than reused ones (f16 NCX 1x1).
 void blas_products(const at::Tensor& planes, const at::Tensor& grad_output, int64_t first, int64_t count,
-                   int64_t product_rows, const TapPlacement& taps, const Geometry& g, at::ScalarType dtype,
-                   const at::Tensor& out, bool accumulate) {
+                   int64_t product_rows, bool batched, const TapPlacement& taps, const Geometry& g,
+                   at::ScalarType dtype, const at::Tensor& out, bool accumulate) {
+  TORCH_INTERNAL_ASSERT(!(batched && accumulate), "a batch of products is not accumulated");
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const auto block = [&](const at::Tensor& per_sample, int64_t dim, ScratchSlot slot) {
     const at::Tensor samples = per_sample.narrow(dim, first, count);
     return samples.scalar_type() == dtype ? samples : float32_copy(samples, slot);
   };
-  // (count * plane rows, channels) matrices. The copies take slots that the
-  // packing does not: an operand packed in f16/bf16 for the fused kernel
-  // (planes it cannot read: fused_reads) is converted from its own slot.
-  const at::Tensor b =
-      block(grad_output, 0, ScratchSlot::VnniPanel).flatten(0, 1).narrow(0, 0, product_rows);
+  // (count * plane rows, channels) matrices, or (count, plane rows,
+  // channels) batches. The copies take slots that the packing does not: an
+  // operand packed in f16/bf16 for the fused kernel (planes it cannot read:
+  // fused_reads) is converted from its own slot.
+  const auto rows_of = [&](const at::Tensor& samples, int64_t offset) {
+    return batched ? samples.narrow(1, offset, product_rows) : samples.flatten(0, 1).narrow(0, offset, product_rows);
+  };
+  const at::Tensor b = rows_of(block(grad_output, 0, ScratchSlot::VnniPanel), 0);
   const at::Tensor plane_block = block(planes, 1, ScratchSlot::StagedOperand);
   for (int64_t tap = 0; tap < g.taps(); ++tap) {
-    const at::Tensor a = plane_block[taps.plane[tap]].flatten(0, 1).narrow(0, taps.offset[tap], product_rows);
+    const at::Tensor a = rows_of(plane_block[taps.plane[tap]], taps.offset[tap]);
     for (int64_t group = 0; group < g.groups; ++group) {
       at::Tensor tap_out = out[group][tap];
-      const at::Tensor a_group = a.narrow(1, taps.column[tap] + group * in_per_group, in_per_group).t();
-      const at::Tensor b_group = b.narrow(1, group * out_per_group, out_per_group);
-      if (accumulate)
+      const at::Tensor a_group = a.narrow(-1, taps.column[tap] + group * in_per_group, in_per_group).transpose(-2, -1);
+      const at::Tensor b_group = b.narrow(-1, group * out_per_group, out_per_group);
+      if (batched) {
+        at::sum_out(tap_out, at::bmm(a_group, b_group), 0);
+      } else if (accumulate) {
         tap_out.addmm_(a_group, b_group);
-      else
+      } else {
         at::mm_out(tap_out, a_group, b_group);
+      }
     }
   }
 }
@@ -493,7 +507,7 @@ at::Tensor run(const Problem& problem) {
             fused_products(planes, grad_output, 0, rows, fused_offsets_of(planes, placement), g, partials[part],
                            /*accumulate=*/n != first);
           else
-            blas_products(planes, grad_output, 0, 1, rows, placement, g, dtype, partials[part],
+            blas_products(planes, grad_output, 0, 1, rows, /*batched=*/false, placement, g, dtype, partials[part],
                           /*accumulate=*/n != first);
         }
       }
@@ -512,8 +526,19 @@ at::Tensor run(const Problem& problem) {
   const bool samples_flatten = plane_rows == grad_output.size(1) &&
                                planes.stride(1) == plane_rows * planes.stride(2) &&
                                grad_output.stride(0) == plane_rows * grad_output.stride(1);
+  // Otherwise BLAS multiplies all the samples as one batch (a call a tap)
+  // where a sample has long products, and one at a time elsewhere. Products
+  // of a sample's 1x1 NCX data, against one at a time (MKL, Zen 4, 2
+  // threads, N=8): 1.1x at 64->256 (56x56), 1.45x at 64->64 (56x56), 1.13x
+  // at 128->512 (28x28), 1.02x at 512->128; but 0.9x at 1024->256 (14x14)
+  // and 0.3x at 2048->512 (7x7), though 1.25x at 256->1024 (14x14). Only
+  // where nothing is converted: see blas_products.
+  const bool batched = !samples_flatten && !fused && rows >= kRowsPerBatchedProduct &&
+                       planes.scalar_type() == dtype && grad_output.scalar_type() == dtype;
   const int64_t samples_per_product =
-      samples_flatten ? std::max<int64_t>(1, kRowsPerProduct / std::max<int64_t>(plane_rows, 1)) : 1;
+      samples_flatten ? std::max<int64_t>(1, kRowsPerProduct / std::max<int64_t>(plane_rows, 1))
+      : batched       ? g.batch
+                      : 1;
 
   const bool swaps = fused && fused_swaps_operands(g);
   const at::Tensor swapped = swaps ? at::empty({groups, out_per_group, in_per_group}, taps.options()) : at::Tensor();
@@ -521,7 +546,7 @@ at::Tensor run(const Problem& problem) {
 
   for (int64_t first = 0; first < g.batch; first += samples_per_product) {
     const int64_t count = std::min(samples_per_product, g.batch - first);
-    const int64_t product_rows = (count - 1) * plane_rows + rows;
+    const int64_t product_rows = batched ? rows : (count - 1) * plane_rows + rows;
     if (swaps) {
       const int64_t size = planes.element_size(), no_offset = 0;
       const auto* a = static_cast<const char*>(planes.const_data_ptr()) + first * planes.stride(1) * size;
@@ -534,7 +559,7 @@ at::Tensor run(const Problem& problem) {
     } else if (fused) {
       fused_products(planes, grad_output, first, product_rows, fused_offsets, g, taps, /*accumulate=*/first != 0);
     } else {
-      blas_products(planes, grad_output, first, count, product_rows, placement, g, dtype, taps,
+      blas_products(planes, grad_output, first, count, product_rows, batched, placement, g, dtype, taps,
                     /*accumulate=*/first != 0);
     }
   }
@@ -630,11 +655,14 @@ double cost(const Problem& problem, const Geometry& g) {
     seconds += g.groups * rows_read * (lines(in_per_group) + lines(out_per_group)) * kLine / kLineBytesPerSecond;
   }
   if (!fused) {
-    // Each thread's own samples are multiplied one at a time.
+    // Each thread's own samples are multiplied one at a time; other samples
+    // whose rows do not flatten together as one batch where run() does.
     const bool samples_flatten =
         (input_channels_last || packs_input) && !multiplies_by_samples(layout, g, fused, packs_dy);
-    const double products_per_tap =
-        samples_flatten ? std::ceil(g.batch * padded_rows * g.out[0] / kRowsPerProduct) : g.batch;
+    const bool batched = !converts && padded_rows * g.out[0] >= kRowsPerBatchedProduct;
+    const double products_per_tap = samples_flatten ? std::ceil(g.batch * padded_rows * g.out[0] / kRowsPerProduct)
+                                    : batched       ? 1
+                                                    : g.batch;
     seconds += static_cast<double>(g.taps()) * g.groups * products_per_tap * 4e-6;
   }
   return seconds;
