@@ -215,22 +215,24 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
-# Channels-first 1x1 data that gemm reads in place does not flatten across samples: BLAS multiplies
-# the samples as one batch where a sample has 512 rows or more (24x24, 600 in 1-D), and one at a
-# time below (22x22): groups, float64, a stride-1 1-D layer, samples read at a stride (a slice of a
-# larger batch), and f16 (converted a sample at a time, never batched).
+# Channels-first data that gemm reads in place does not flatten across samples: BLAS multiplies the
+# samples in batches where a sample has 512 rows or more (24x24, 600 in 1-D), and one at a time
+# below (22x22): groups, float64, a stride-1 1-D layer, samples read at a stride (a slice of a larger
+# batch), 3 taps down the columns (read in place at row offsets), 1024 -> 1024 channels (a batch of
+# 2 samples, then 1, accumulated), and f16 (converted a sample at a time, never batched).
 @pytest.mark.parametrize("case", [
     dict(size=(24, 24)), dict(size=(24, 24), groups=2), dict(size=(24, 24), dtype=torch.float64),
-    dict(size=(600,)), dict(size=(24, 24), sample_step=2), dict(size=(22, 22)),
-    dict(size=(24, 24), dtype=torch.float16),
-], ids=["24x24", "groups", "f64", "1-D", "sample-stride", "22x22", "f16"])
-def test_gemm_multiplies_channels_first_samples_as_a_batch(case):
-    n, c, o, size = 3, 8, 12, case["size"]
+    dict(size=(600,)), dict(size=(24, 24), sample_step=2), dict(size=(26, 24), kernel=(3, 1)),
+    dict(size=(24, 24), c=1024, o=1024), dict(size=(22, 22)), dict(size=(24, 24), dtype=torch.float16),
+], ids=["24x24", "groups", "f64", "1-D", "sample-stride", "3-taps", "two-batches", "22x22", "f16"])
+def test_gemm_multiplies_channels_first_samples_in_batches(case):
+    n, c, o, size = 3, case.get("c", 8), case.get("o", 12), case["size"]
     dtype, groups, step = case.get("dtype", torch.float32), case.get("groups", 1), case.get("sample_step", 1)
+    kernel = case.get("kernel", (1,) * len(size))
     attributes = dict(groups=groups, data_format="NCX", filter_format="OIX")
     x = rand(data_shape(n * step, c, size, "NCX"), dtype, seed=59)[::step]
-    dy = rand(data_shape(n * step, o, size, "NCX"), dtype, seed=60)[::step]
-    shape = [o, c // groups, *[1] * len(size)]
+    dy = rand(data_shape(n * step, o, output_size(size, kernel, attributes), "NCX"), dtype, seed=60)[::step]
+    shape = [o, c // groups, *kernel]
     result, ran = run("gemm", x, dy, shape, attributes)
     assert ran == "gemm"
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
@@ -958,11 +960,13 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
 # fewer than 5, the planes below), in pairs of windows (VDPBF16PS), 8 windows at a time from the
 # row's start, and the rest on float FMAs: rows of 8 windows (all paired), 9 (one left), 23 and 47
 # (7 left), 70 (6 left), stride and dilation 2, 1-D and 3-D, 20 and 17 channels (a partial vector
-# of lanes), 3 and 4 taps along the row, both layouts. The pairs are staged straight from
-# channels-last data, and from channels-first rows of 32 pairs or more by transposes (the 1-D case
-# and the 70-window one, whose 20 channels leave a partial transposition); from a float staging of
-# the row otherwise: shorter or strided rows, and steps of 2. Each contiguous and with rows read at
-# a stride. Elsewhere these run on the float tiles.
+# of lanes), 3 and 4 taps along the row (channels-last; channels-first they take the planes below),
+# both layouts. The pairs are staged straight from channels-last data, and from channels-first rows
+# by transposes where the input has 32 pairs or more and grad_output 16 (the 1-D case and the
+# 70-window one, whose 20 channels leave a partial transposition); from a float staging of the row
+# otherwise: shorter rows, and steps of 2. Each contiguous and with rows read at a stride
+# (channels-last; channels-first strided rows take the channels-first float kernel). Elsewhere
+# these run on the float tiles.
 PAIRED_BF16_CASES = {
     # name: (n, c, size, kernel, attributes)
     "8-windows": (2, 16, (5, 8), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),

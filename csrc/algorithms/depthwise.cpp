@@ -116,11 +116,13 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
                      args.input_strides[1] != 1 && args.grad_output_strides[1] != 1 &&
                      args.grad_output_strides[4] == 1;
   // Elsewhere, pairs of windows on the same products, for 3 taps or more
-  // along the row, staged straight from the data, against the float tiles
-  // (Zen 4, 2 threads, interleaved): ConvNeXt's 7x7 layer 1.25-1.44 times as
-  // fast channels-last and 1.27-1.3 times channels-first, and channels-last
-  // 3x3 layers 1.01-1.35 times (MobileNetV2's at 56x56 1.17), 4-wide 1.13-1.24;
-  // 2-wide 0.98-1.10 times, so those stay on the float tiles.
+  // along the row, against the float tiles (Zen 4, 2 threads, interleaved,
+  // pairs staged straight from the data where they can be): ConvNeXt's 7x7
+  // layer 1.25-1.44 times as fast channels-last and 1.27-1.3 times
+  // channels-first before that staging (which adds 1.1-1.15), channels-last
+  // 3x3 layers 0.95-1.38 times (MobileNetV2's at 56x56 1.17-1.2, 14x14
+  // layers 0.95-1.01), 4-wide 1.13-1.24; 2-wide 0.98-1.10 times, so those
+  // stay on the float tiles.
   args.bf16_pairs = bf16_products && geometry.kernel[2] >= 3 && !args.bf16_planes;
   args.dense_planes = spatial_flattens(geometry.in, geometry.input_strides) &&
                       spatial_flattens(geometry.out, geometry.grad_output_strides);

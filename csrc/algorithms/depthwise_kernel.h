@@ -371,15 +371,18 @@ constexpr int64_t kPairWords = 32;
 #define TORCH_CONVGRAD_BF16_PAIRS_TARGET \
   __attribute__((target("avx512bf16,avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")))
 
+// The words of a pair of rows in order: words 0-15 the first row's lanes,
+// 16-31 the second's.
+alignas(64) inline constexpr uint16_t kPairInterleave[kPairWords] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
+                                                                     21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
+                                                                     11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+
 // pairs[p] = (first[p * step], second[p * step]) for p < count, interleaved
 // lane by lane, where first and second are float vectors holding bf16 values
 // (converted back exactly).
 TORCH_CONVGRAD_BF16_PAIRS_TARGET inline void stage_pairs(const float* first, const float* second, int64_t step,
                                                          int64_t count, uint16_t* pairs) {
-  alignas(64) static constexpr uint16_t kInterleave[kPairWords] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,
-                                                                   21, 6, 22, 7, 23, 8,  24, 9,  25, 10, 26,
-                                                                   11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i interleave = _mm512_load_si512(kInterleave);
+  const __m512i interleave = _mm512_load_si512(kPairInterleave);
   for (int64_t p = 0; p < count; ++p) {
     // Words 0-15 the first row's lanes, 16-31 the second's.
     const __m512bh both = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(second + p * step), _mm512_loadu_ps(first + p * step));
@@ -609,8 +612,9 @@ void stage_channels(const T* source, int64_t channel_stride, int64_t pixel_strid
 
 #if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
 // Whether stage_pair_row takes a row's `count` pairs `spacing` (1 or 2)
-// apart: channels-last data, or channels-first rows of unit stride with step
-// 1 and at least a transposition's pairs.
+// apart: channels-last data, or channels-first rows of unit stride (the only
+// channels-first rows this kernel reads) with step 1 and at least a
+// transposition's pairs.
 inline bool stages_pairs_directly(int64_t channel_stride, int64_t pixel_stride, int64_t step, int64_t spacing,
                                   int64_t count) {
   return channel_stride == 1 || (pixel_stride == 1 && step == 1 && count >= 32 / spacing);
@@ -632,10 +636,7 @@ TORCH_CONVGRAD_BF16_PAIRS_TARGET inline void stage_pair_row(const uint16_t* sour
                                                             int64_t channels, int64_t spacing, int64_t step,
                                                             int64_t count, uint16_t* pairs) {
   if (channel_stride == 1) {
-    alignas(64) static constexpr uint16_t kInterleave[kPairWords] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                                     21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                                     11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-    const __m512i interleave = _mm512_load_si512(kInterleave);
+    const __m512i interleave = _mm512_load_si512(kPairInterleave);
     const __mmask16 lanes = channels >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << channels) - 1);
     const auto pixel = [&](int64_t w) {
       return w >= 0 && w < size ? _mm256_maskz_loadu_epi16(lanes, source + w * pixel_stride) : _mm256_setzero_si256();

@@ -347,8 +347,14 @@ bool packs_input_channels_first(const Problem& problem, const Layout& layout, co
 // their rows are contiguous (BLAS runs best at a few thousand rows).
 constexpr int64_t kRowsPerProduct = 8192;
 // From this many rows per sample, BLAS multiplies samples whose rows do not
-// flatten together as one batch (run()).
+// flatten together in batches (run()), of as many samples as keep the
+// batch's products (channels_a x channels_b a sample, counted in float64)
+// within 16 MiB.
 constexpr int64_t kRowsPerBatchedProduct = 512;
+int64_t samples_per_batch(int64_t channels_a, int64_t channels_b) {
+  constexpr int64_t kBatchedProductBytes = int64_t{16} << 20;
+  return std::max<int64_t>(1, kBatchedProductBytes / (channels_a * channels_b * static_cast<int64_t>(sizeof(double))));
+}
 
 // Whether the fused kernel takes the output gradient as its first operand:
 // it packs B's rows once for every tile of A's, so with one tap and fewer
@@ -420,8 +426,8 @@ void fused_products(const at::Tensor& planes, const at::Tensor& grad_output, int
 
 // The same through BLAS in `dtype`, for `count` samples from `first`:
 // products over `product_rows` rows that run across the samples, or with
-// `batched`, one product a sample (`product_rows` each), as one batch whose
-// sum is the result (not accumulated).
+// `batched`, one product a sample (`product_rows` each), as one batch (a
+// bmm and its sum a tap and group).
 // Operands in another dtype are converted a block of samples at a time,
 // into this thread's scratch buffers: a whole-tensor conversion would write
 // fresh memory and fault in every page of it (1x1 64->256 NCX f16 took
@@ -430,7 +436,6 @@ void fused_products(const at::Tensor& planes, const at::Tensor& grad_output, int
 void blas_products(const at::Tensor& planes, const at::Tensor& grad_output, int64_t first, int64_t count,
                    int64_t product_rows, bool batched, const TapPlacement& taps, const Geometry& g,
                    at::ScalarType dtype, const at::Tensor& out, bool accumulate) {
-  TORCH_INTERNAL_ASSERT(!(batched && accumulate), "a batch of products is not accumulated");
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const auto block = [&](const at::Tensor& per_sample, int64_t dim, ScratchSlot slot) {
     const at::Tensor samples = per_sample.narrow(dim, first, count);
@@ -451,7 +456,9 @@ void blas_products(const at::Tensor& planes, const at::Tensor& grad_output, int6
       at::Tensor tap_out = out[group][tap];
       const at::Tensor a_group = a.narrow(-1, taps.column[tap] + group * in_per_group, in_per_group).transpose(-2, -1);
       const at::Tensor b_group = b.narrow(-1, group * out_per_group, out_per_group);
-      if (batched) {
+      if (batched && accumulate) {
+        tap_out.add_(at::bmm(a_group, b_group).sum(0));
+      } else if (batched) {
         at::sum_out(tap_out, at::bmm(a_group, b_group), 0);
       } else if (accumulate) {
         tap_out.addmm_(a_group, b_group);
@@ -526,7 +533,7 @@ at::Tensor run(const Problem& problem) {
   const bool samples_flatten = plane_rows == grad_output.size(1) &&
                                planes.stride(1) == plane_rows * planes.stride(2) &&
                                grad_output.stride(0) == plane_rows * grad_output.stride(1);
-  // Otherwise BLAS multiplies all the samples as one batch (a call a tap)
+  // Otherwise BLAS multiplies the samples in batches (samples_per_batch)
   // where a sample has long products, and one at a time elsewhere. Products
   // of a sample's 1x1 NCX data, against one at a time (MKL, Zen 4, 2
   // threads, N=8): 1.1x at 64->256 (56x56), 1.45x at 64->64 (56x56), 1.13x
@@ -537,7 +544,7 @@ at::Tensor run(const Problem& problem) {
                        planes.scalar_type() == dtype && grad_output.scalar_type() == dtype;
   const int64_t samples_per_product =
       samples_flatten ? std::max<int64_t>(1, kRowsPerProduct / std::max<int64_t>(plane_rows, 1))
-      : batched       ? g.batch
+      : batched       ? samples_per_batch(in_per_group, out_per_group)
                       : 1;
 
   const bool swaps = fused && fused_swaps_operands(g);
@@ -656,13 +663,15 @@ double cost(const Problem& problem, const Geometry& g) {
   }
   if (!fused) {
     // Each thread's own samples are multiplied one at a time; other samples
-    // whose rows do not flatten together as one batch where run() does.
-    const bool samples_flatten =
-        (input_channels_last || packs_input) && !multiplies_by_samples(layout, g, fused, packs_dy);
-    const bool batched = !converts && padded_rows * g.out[0] >= kRowsPerBatchedProduct;
-    const double products_per_tap = samples_flatten ? std::ceil(g.batch * padded_rows * g.out[0] / kRowsPerProduct)
-                                    : batched       ? 1
-                                                    : g.batch;
+    // whose rows do not flatten together in batches where run() does.
+    const bool by_samples = multiplies_by_samples(layout, g, fused, packs_dy);
+    const bool samples_flatten = (input_channels_last || packs_input) && !by_samples;
+    const double sample_rows = padded_rows * g.out[0];
+    const double products_per_tap =
+        samples_flatten ? std::ceil(g.batch * sample_rows / kRowsPerProduct)
+        : !by_samples && !converts && sample_rows >= kRowsPerBatchedProduct
+            ? std::ceil(static_cast<double>(g.batch) / samples_per_batch(in_per_group, out_per_group))
+            : g.batch;
     seconds += static_cast<double>(g.taps()) * g.groups * products_per_tap * 4e-6;
   }
   return seconds;
