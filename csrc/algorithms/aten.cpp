@@ -364,7 +364,11 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
 // for bf16 NXC (21-33), and 7x7 at a tenth to a fortieth of it. The 1-D
 // layer ran at 0.5 (NXC) and 0.7 (NCX) times its class's rate in float32,
 // 0.65 and 0.5 in bf16 (2026-11-25). Without AVX-512 BF16, bf16 is taken to
-// run at the float32 rate (not measured).
+// run at the float32 rate (not measured). Float32 3x3 layers of 128 to 512
+// channels ran as fast channels-first as channels-last (83-98 GMAC/s at
+// 28x28 and 14x14, 55-63 at 7x7), 1.05-1.23 times as fast in place as
+// copied to channels-last; 64 channels at 56x56 ran at 83-88 or at 56-61,
+// by process (2026-11-25).
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
@@ -384,7 +388,7 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   else if (strided)
     macs_per_second = stride_divides_kernel ? 85e9 : (channels_last_rate ? 64e9 : 78e9);
   else
-    macs_per_second = channels_last_rate ? 89e9 : 70e9;
+    macs_per_second = channels_last_rate || std::min(g.in_channels, g.out_channels) >= 128 ? 89e9 : 70e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
   if (problem.spatial_rank() == 1) macs_per_second *= bf16_products ? (nxc ? 0.65 : 0.5) : (nxc ? 0.5 : 0.7);
   if (bf16_products)
