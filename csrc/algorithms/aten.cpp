@@ -350,6 +350,36 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
   return g.macs() / macs_per_second;
 }
 
+// Seconds of oneDNN's float32 1x1 weight gradient with stride 1 on 2-D data
+// on an AVX-512 CPU without AMX. Measured on an AMD EPYC (Zen 4, 2 threads,
+// N=4-8, ResNet's channel counts, 2026-11-25): channels-last, 90-100 GMAC/s
+// on 56x56 and 28x28 maps (N*H*W rows from 6272), but 52-72 with 64 input
+// channels or fewer and 192 output channels or more once grad_output passes
+// 8 MB (64 -> 256 at 56x56: 2.3-3.2 ms at N=4, by process; at 28x28, N=8: 87
+// GMAC/s); channels-first, 85-95 from 128 channels a side, 73 with 64 on one
+// side and 53 with 64 on both. On short rows a cost that grows with the
+// weights, more with more input channels (at 14x14 and 7x7, N=8: about 4 ns a
+// weight from 1024 input channels, 2 from 512, little below; channels-last
+// 1024 -> 256 took 5.3 and 2.7 ms where 92 GMAC/s takes 4.5 and 1.1), plus
+// about 0.1 ms on rows of 1568 and fewer. The model had 70 GMAC/s throughout,
+// and sent ResNet's channels-last 1x1 layers from 128 input channels at 28x28
+// and 56x56 to gemm (0.75-0.9 times as fast), and kept channels-first 64 -> 64
+// from it (0.6 times).
+double avx512_float32_pointwise_seconds(const Geometry& g, bool nxc) {
+  const double rows = static_cast<double>(g.batch) * g.out[0] * g.out[1] * g.out[2];
+  double macs_per_second = 92e9;
+  if (nxc) {
+    const double grad_output_bytes = rows * g.out_channels * 4;
+    if (g.in_channels <= 64 && g.out_channels >= 192 && grad_output_bytes > 8e6) macs_per_second = 60e9;
+  } else {
+    const auto width = [](int64_t channels) { return std::min(1.0, (channels + 136) / 264.0); };
+    macs_per_second *= width(g.in_channels) * width(g.out_channels);
+  }
+  const double seconds_per_weight = g.in_channels >= 1024 ? 4e-9 : g.in_channels >= 512 ? 2e-9 : 0.0;
+  const double weights = static_cast<double>(g.in_channels) * g.out_channels;
+  return g.macs() / macs_per_second + weights * seconds_per_weight + 100e-6 * std::min(1.0, 1568.0 / rows);
+}
+
 // Seconds of oneDNN's weight gradient on an AVX-512 CPU without AMX. Measured
 // with torch 2.13 on an AMD EPYC (Zen 4, AVX-512 BF16, 2 threads) over the
 // benchmark's layers (2026-11-24), in float32: 3x3 at 89 GMAC/s (NXC) and
@@ -372,6 +402,8 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  if (!bf16_products && !strided && g.taps() == 1 && g.groups == 1 && problem.spatial_rank() == 2)
+    return avx512_float32_pointwise_seconds(g, nxc);
   if (g.in_channels == g.groups && g.out_channels == g.groups) {
     const double stride_gain = strided ? (bf16_products && nxc ? 4 : 2) : 1;
     const double bytes_per_second =
@@ -463,9 +495,13 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   if (problem.input.scalar_type() == at::kDouble && !depthwise) onednn_seconds *= 2;
   double seconds = 25e-6 + copy_bytes / 6e9 + onednn_seconds;
   // The float32 copies of f16 (and of bf16 where oneDNN does not take it):
-  // 21-36 GB/s (bytes written, twice) on the Sapphire Rapids.
+  // 21-36 GB/s (bytes written, twice) on the Sapphire Rapids; on the Zen 4
+  // the f16 layers took 0.1-0.8 ms longer than f32 ones on ResNet's 1x1
+  // layers at 56x56 and 28x28 (80-440 GB/s so counted; 2026-11-25), 1.1 ms
+  // at 14x14 (15).
   const bool converts = problem.input.scalar_type() == at::kHalf || (reduced && !avx512);
-  if (converts) seconds += g.data_bytes(4) * 2 / (avx512 ? 25e9 : 10e9);
+  const double convert_bytes_per_second = calibration == CpuCalibration::Avx512Amx ? 25e9 : avx512 ? 80e9 : 10e9;
+  if (converts) seconds += g.data_bytes(4) * 2 / convert_bytes_per_second;
   return seconds;
 }
 

@@ -274,6 +274,11 @@ TapElement tap_element(at::ScalarType dtype) {
   return dtype == at::kHalf ? TapElement::Half : dtype == at::kBFloat16 ? TapElement::BFloat16 : TapElement::Float;
 }
 
+// Whether the fused kernel takes the output gradient as its first operand:
+// it packs B's rows once for every tile of A's, so with one tap and fewer
+// input channels than output ones the output gradient is A.
+bool fused_swaps_operands(const Geometry& g) { return g.taps() == 1 && g.in_channels < g.out_channels; }
+
 // The products' multiply-adds a second, on the fused kernel or through BLAS
 // (the constants: cost() below).
 double products_macs_per_second(const Geometry& g, bool fused) {
@@ -284,15 +289,27 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   const CpuCalibration calibration = cpu_calibration();
   if (calibration == CpuCalibration::Avx2)
     return (fused ? 60e9 : 48e9) * width(in_per_group) * width(out_per_group);
-  // The AVX-512 build's rate follows the rows of its product, taps times
-  // input channels (each row of B is packed once for all of them).
-  const double fused_avx512_width = std::min(1.0, (g.taps() * in_per_group + 64) / 184.0);
+  // The AVX-512 build's rate follows the rows of its product, A's taps times
+  // channels (each row of B is packed once for all of them), and B's width.
+  const bool swaps = fused_swaps_operands(g);
+  const int64_t a_rows = swaps ? out_per_group : g.taps() * in_per_group;
+  const int64_t b_width = swaps ? in_per_group : out_per_group;
+  const double fused_avx512_width = std::min(1.0, (a_rows + 64) / 184.0);
   const bool amx_cpu = calibration == CpuCalibration::Avx512Amx;
   // On the Zen 4 the benchmark's 1-D layer ran at 68 GMAC/s (2026-11-25);
   // every problem whose rows run along one axis (1-D, or 2-D of height 1) is
   // taken to run so.
   const double one_axis = !amx_cpu && g.in[0] == 1 && g.in[1] == 1 ? 0.8 : 1.0;
-  return fused ? (amx_cpu ? 130e9 : 85e9) * one_axis * fused_avx512_width * width(out_per_group)
+  // There its 1x1 products (N=8, ResNet's layers from 56x56 down to 7x7,
+  // 2026-11-25) ran faster the wider B: at 61-66 GMAC/s with 32 columns,
+  // 70-82 with 64 and 84-95 with 256 and more on maps of 14x14 and 7x7; on
+  // 28x28 and 56x56 maps (from 4096 rows) at 72-84 whatever the width.
+  if (fused && !amx_cpu && g.taps() == 1) {
+    const double rows = static_cast<double>(g.batch) * g.out[0] * g.out[1] * g.out[2];
+    return 92e9 * std::min(1.0, 0.7 + 0.1 * std::log2(b_width / 32.0)) * fused_avx512_width *
+           (rows >= 4096 ? 0.85 : 1.0);
+  }
+  return fused ? (amx_cpu ? 130e9 : 85e9) * one_axis * fused_avx512_width * width(b_width)
                : (amx_cpu ? 150e9 : 88e9) * width(in_per_group) * width(out_per_group);
 }
 
@@ -355,11 +372,6 @@ int64_t samples_per_batch(int64_t channels_a, int64_t channels_b) {
   constexpr int64_t kBatchedProductBytes = int64_t{16} << 20;
   return std::max<int64_t>(1, kBatchedProductBytes / (channels_a * channels_b * static_cast<int64_t>(sizeof(double))));
 }
-
-// Whether the fused kernel takes the output gradient as its first operand:
-// it packs B's rows once for every tile of A's, so with one tap and fewer
-// input channels than output ones the output gradient is A.
-bool fused_swaps_operands(const Geometry& g) { return g.taps() == 1 && g.in_channels < g.out_channels; }
 
 // Whether run() packs and multiplies each thread's own samples (into a
 // partial sum per thread) rather than packing all samples, then splitting
