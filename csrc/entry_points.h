@@ -52,4 +52,11 @@ struct EntryPoints {
   }
 };
 
+// _batched_transpose's result shape, (B, S, R) for (B, R, S) matrices.
+inline std::vector<c10::SymInt> batched_transpose_shape(const at::Tensor& matrices) {
+  TORCH_CHECK_VALUE(matrices.dim() == 3, "_batched_transpose: expected (B, R, S) matrices, got ", matrices.dim(),
+                    " dims");
+  return {matrices.sym_size(0), matrices.sym_size(2), matrices.sym_size(1)};
+}
+
 }  // namespace torch_convgrad

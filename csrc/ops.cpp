@@ -38,4 +38,8 @@ TORCH_LIBRARY(torch_convgrad, m) {
   m.def("conv_transpose_backprop_filters_backward(Tensor grad, Tensor input_forward, Tensor output_delta, "
         "SymInt[] filter_shape, " CONV_ATTRIBUTES ", int[]? output_padding=None, int groups=1, "
         "str data_format=\"NXC\", str filter_format=\"XIO\", bool[2] output_mask=[True, True]) -> (Tensor, Tensor)");
+  // Internal: the layout copy of the aten_channels_last and aten_channels_first
+  // algorithms. (B, R, S) matrices -> a new contiguous (B, S, R) tensor holding
+  // matrices.transpose(1, 2); on CUDA one tiled transposition where S is unit-strided.
+  m.def("_batched_transpose(Tensor matrices) -> Tensor");
 }

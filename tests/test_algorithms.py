@@ -1224,3 +1224,80 @@ def test_cuda_picks(data_format, dtype, c, o, size, kernel, attributes, pick):
     dy = rand(data_shape(64, o, out, data_format), dtype, seed=22, device="cuda")
     shape = [o, c // attributes.get("groups", 1), kernel, kernel]
     assert run(None, x, dy, shape, dict(attributes, data_format=data_format, filter_format="OIX"))[1] == pick
+
+
+# The layout copy of aten_channels_last/aten_channels_first (_batched_transpose): shapes on and
+# off its CUDA kernel's 64x64 tiles, batch and row strides of views, and rows that are not
+# unit-strided (ATen's copy).
+TRANSPOSE_SHAPES = [(1, 1, 1), (2, 64, 64), (3, 65, 130), (1, 1, 200), (2, 200, 1), (2, 7, 3), (0, 4, 5), (5, 130, 67)]
+
+
+def transpose_views(shape, dtype, device):
+    """(name, (B, R, S) matrices) views of ``shape``: contiguous, inside a larger tensor (batch
+    and row strides of their own), with rows of stride 2, and with R unit-strided."""
+    b, r, s = shape
+    big = rand((b, 2 * r + 1, s + 3), torch.float64, seed=31).to(dtype).to(device)
+    yield "contiguous", rand(shape, torch.float64, seed=32).to(dtype).to(device)
+    yield "sliced", big[:, 1::2, 2:2 + s]
+    yield "strided rows", rand((b, r, 2 * s), torch.float64, seed=33).to(dtype).to(device)[:, :, ::2]
+    yield "transposed", rand((b, s, r), torch.float64, seed=34).to(dtype).to(device).transpose(1, 2)
+
+
+@pytest.mark.parametrize("shape", TRANSPOSE_SHAPES, ids=lambda shape: "x".join(map(str, shape)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_batched_transpose(device, shape, dtype):
+    for name, matrices in transpose_views(shape, dtype, device):
+        if matrices.numel():
+            matrices[:, 0, 0] = float("nan")
+        out = torch.ops.torch_convgrad._batched_transpose(matrices)
+        expected = matrices.transpose(1, 2).contiguous()
+        assert out.is_contiguous() and out.shape == expected.shape, name
+        assert out.data_ptr() != matrices.data_ptr() or out.numel() == 0, name
+        # Bit for bit, NaN included.
+        bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[out.element_size()]
+        assert torch.equal(out.view(bits), expected.view(bits)), name
+
+
+def test_batched_transpose_checks_its_argument():
+    with pytest.raises(ValueError, match="expected \\(B, R, S\\) matrices, got 2 dims"):
+        torch.ops.torch_convgrad._batched_transpose(torch.zeros(3, 4))
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_batched_transpose_opcheck(device, requires_grad):
+    matrices = rand((2, 70, 9), device=device).requires_grad_(requires_grad)
+    torch.library.opcheck(torch.ops.torch_convgrad._batched_transpose.default, (matrices,))
+
+
+# Data that the layout copies take as one transposition (dense NCX or NXC, batch-sliced) and
+# that they do not (spatially sliced), in every rank.
+LAYOUT_COPY_VIEWS = ["dense", "batch sliced", "spatially sliced"]
+
+
+@pytest.mark.parametrize("algorithm", ["aten_channels_last", "aten_channels_first"])
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("view", LAYOUT_COPY_VIEWS)
+@pytest.mark.parametrize("rank", [1, 2, 3])
+def test_layout_copies(device, algorithm, data_format, view, rank):
+    size = (9, 8, 7)[:rank]
+    def data(channels, seed):
+        n = 5 if view == "batch sliced" else 2
+        spatial = [s + 2 for s in size] if view == "spatially sliced" else list(size)
+        t = rand(data_shape(n, channels, spatial, data_format), seed=seed, device=device)
+        if view == "batch sliced":
+            t = t[1::2]
+        if view == "spatially sliced":
+            first = 0 if data_format == "NCX" else 1
+            for axis in range(rank):
+                t = t.narrow(2 + axis - first, 1, size[axis])
+        return t
+    x, dy = data(12, 41), data(9, 42)
+    shape = [9, 4, *[3] * rank]
+    attributes = dict(pads_begin=[1] * rank, pads_end=[1] * rank, groups=3, data_format=data_format,
+                      filter_format="OIX")
+    out, ran = run(algorithm, x, dy, shape, attributes)
+    if ran != algorithm:  # the data is already in that layout
+        assert (algorithm, data_format) in {("aten_channels_last", "NXC"), ("aten_channels_first", "NCX")}
+        return
+    expected = REF.conv_backprop_filters(x.double().cpu(), dy.double().cpu(), shape, **attributes)
+    assert_matches_ref(out, expected, torch.float32)

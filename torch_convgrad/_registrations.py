@@ -142,3 +142,9 @@ for _name in CHANNEL_AXES:
     torch.library.register_vmap(f"torch_convgrad::{_name}", _make_vmap_rule(_name))
 for _backward, _name in BACKWARD_OPS.items():
     torch.library.register_vmap(f"torch_convgrad::{_backward}", _make_backward_vmap_rule(_backward, _name))
+
+# The internal layout copy of the aten_channels_last/aten_channels_first algorithms is
+# linear: its gradient is the transposition back. (The algorithms call it below autograd.)
+torch.library.register_autograd(
+    "torch_convgrad::_batched_transpose", lambda ctx, grad: grad.transpose(1, 2).contiguous()
+)

@@ -67,8 +67,8 @@ struct Geometry {
 Geometry geometry_of(const Problem& problem);
 
 // Whether the spatial axes of a (N, C, X0, X1, X2) tensor with these sizes and
-// strides (Geometry's) flatten into one with stride 1.
-bool spatial_flattens(const int64_t (&sizes)[3], const int64_t (&strides)[5]);
+// strides (Geometry's) flatten into one with stride `unit`.
+bool spatial_flattens(const int64_t (&sizes)[3], const int64_t (&strides)[5], int64_t unit = 1);
 
 // NCX data lifted to three spatial axes: (N, C, S0, S1, S2), a view.
 at::Tensor lift(const at::Tensor& ncx);

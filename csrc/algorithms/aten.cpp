@@ -11,11 +11,15 @@
 #include "scratch.h"
 
 #include <ATen/Context.h>
+#include <ATen/TensorUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/ConvUtils.h>
 #include <ATen/Version.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
+
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <limits>
@@ -112,13 +116,69 @@ std::vector<int64_t> nxc_to_ncx(int64_t dims) {
   return order;
 }
 
-// An NCX view of a copy of `ncx` whose memory is channels-last.
-at::Tensor channels_last_copy(const at::Tensor& ncx) {
-  const auto to_ncx = nxc_to_ncx(ncx.dim());
-  std::vector<int64_t> to_nxc(ncx.dim());
-  for (int64_t dim = 0; dim < ncx.dim(); ++dim) to_nxc[to_ncx[dim]] = dim;
-  return ncx.permute(to_nxc).contiguous().permute(to_ncx);
+// The memory layout ATen gets the data in: as the caller gave it, or copied.
+enum class DataLayout { Given, ChannelsLast, ChannelsFirst };
+
+// The permutation that undoes `order`.
+std::vector<int64_t> inverse(c10::IntArrayRef order) {
+  std::vector<int64_t> inverted(order.size());
+  for (size_t dim = 0; dim < order.size(); ++dim) inverted[order[dim]] = static_cast<int64_t>(dim);
+  return inverted;
 }
+
+// The layout copy as the internal op _batched_transpose (one tiled
+// transposition on CUDA), through the dispatcher.
+at::Tensor batched_transpose(const at::Tensor& matrices) {
+  static const auto op = c10::Dispatcher::singleton()
+                             .findSchemaOrThrow("torch_convgrad::_batched_transpose", "")
+                             .typed<at::Tensor(const at::Tensor&)>();
+  return op.call(matrices);
+}
+
+// _batched_transpose's CUDA kernel on an H100, bytes read and written.
+constexpr double kTranspositionBytesPerSecond = 2.4e12;
+
+// NCX data copied to channels-last or channels-first memory, as a batch of
+// matrix transpositions: of the data's (N, C, X) matrices to channels-last,
+// of its NXC memory's (N, X, C) matrices to channels-first.
+class LayoutCopy {
+ public:
+  LayoutCopy(const at::Tensor& ncx, DataLayout layout) {
+    const auto to_ncx = nxc_to_ncx(ncx.dim());
+    const at::Tensor nxc = ncx.permute(inverse(to_ncx));
+    const bool channels_last = layout == DataLayout::ChannelsLast;
+    const at::Tensor& source = channels_last ? ncx : nxc;
+    target_ = channels_last ? nxc : ncx;
+    if (channels_last) target_to_ncx_ = to_ncx;
+    const auto sizes = source.sizes();
+    const auto row_end = sizes.begin() + (channels_last ? 2 : ncx.dim() - 1);
+    const std::vector<int64_t> shape{sizes[0], c10::multiply_integers(sizes.begin() + 1, row_end),
+                                     c10::multiply_integers(row_end, sizes.end())};
+    if (at::detail::computeStride(sizes, source.strides(), shape)) matrices_ = source.view(shape);
+  }
+
+  // Whether the data is already in this layout's memory order.
+  bool needed() const { return !target_.is_contiguous(); }
+
+  // Whether the copy is one tiled transposition: _batched_transpose's CUDA
+  // kernel, on matrices with unit-strided rows.
+  bool one_transposition() const {
+    return target_.is_cuda() && matrices_.defined() && (matrices_.size(2) <= 1 || matrices_.stride(2) == 1);
+  }
+
+  // An NCX view of the data in this layout (the data itself if it is).
+  at::Tensor run() const {
+    at::Tensor copy = !needed()             ? target_
+                      : matrices_.defined() ? batched_transpose(matrices_).view(target_.sizes())
+                                            : target_.contiguous();
+    return target_to_ncx_.empty() ? copy : copy.permute(target_to_ncx_);
+  }
+
+ private:
+  at::Tensor target_;  // the data's dims in the layout's memory order, (N, X..., C) or (N, C, X...)
+  std::vector<int64_t> target_to_ncx_;  // empty for the identity
+  at::Tensor matrices_;  // (N, R, S) to transpose; undefined where the data's dims do not flatten so
+};
 
 // The canonical weight gradient from one ATen call: `input` and `grad_output`
 // are NCX views of the problem's data or of a copy, with memory ordered by
@@ -430,23 +490,45 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   return g.macs() / macs_per_second;
 }
 
-// The memory layout ATen gets the data in: as the caller gave it, or copied.
-enum class DataLayout { Given, ChannelsLast, ChannelsFirst };
-
 bool is_channels_first(const at::Tensor& ncx) { return ncx.is_contiguous(); }
 
 bool not_yet_channels_first(const Problem& problem) {
   return !is_channels_first(problem.input) || !is_channels_first(problem.grad_output);
 }
 
+// Whether a data tensor's copy to `layout` is one tiled transposition
+// (LayoutCopy::one_transposition), from Geometry's sizes and strides: its
+// spatial axes flatten, with unit stride for channels-last, and with channels
+// of unit stride between them for channels-first (dense NXC memory).
+bool transposes_in_one_pass(const Problem& problem, const int64_t (&sizes)[3], const int64_t (&strides)[5],
+                            int64_t channels, DataLayout layout) {
+  if (!problem.input.is_cuda()) return false;
+  if (layout == DataLayout::ChannelsLast) return spatial_flattens(sizes, strides);
+  return (channels == 1 || strides[1] == 1) && spatial_flattens(sizes, strides, channels);
+}
+
 double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout layout) {
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
   const bool depthwise = g.in_channels == g.groups && g.out_channels == g.groups;
   const int64_t element_size = problem.input.element_size();
-  const bool copies = (layout == DataLayout::ChannelsLast && not_yet_channels_last(problem)) ||
-                      (layout == DataLayout::ChannelsFirst && not_yet_channels_first(problem));
-  const double copy_bytes = copies ? g.data_bytes(element_size) * 2 : 0;
   const bool channels_last = layout == DataLayout::ChannelsLast;
+  // The layout copy's bytes (read and written) and, on CUDA, its seconds:
+  // one tiled transposition where the data allows, else ATen's copy at
+  // about 0.4 TB/s to channels-last and 1 TB/s to channels-first (H100).
+  double copy_bytes = 0, cuda_copy_seconds = 0;
+  for (const bool is_input : {true, false}) {
+    const at::Tensor& data = is_input ? problem.input : problem.grad_output;
+    const bool needed = channels_last ? !is_channels_last(data)
+                        : layout == DataLayout::ChannelsFirst ? !is_channels_first(data)
+                                                               : false;
+    if (!needed) continue;
+    const double bytes = 2.0 * static_cast<double>(data.numel()) * element_size;
+    const bool one_pass = transposes_in_one_pass(problem, is_input ? g.in : g.out,
+                                                 is_input ? g.input_strides : g.grad_output_strides,
+                                                 is_input ? g.in_channels : g.out_channels, layout);
+    copy_bytes += bytes;
+    cuda_copy_seconds += bytes / (one_pass ? kTranspositionBytesPerSecond : channels_last ? 0.4e12 : 1e12);
+  }
   if (problem.input.is_cuda()) {
     // cuDNN with torch 2.11 on an H100, the benchmark's layers at batch 64,
     // GPU time (2026-11-24): about 5 us plus the larger of the products at a
@@ -454,21 +536,22 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
     // f16/bf16 on NHWC data 155-205 T (a 3x3 kernel with stride 2: 54 T), on
     // NCX 80-148 T for 3x3, 57 T for 1x1 and 35-38 T with strides; float32
     // (TF32) on NHWC 47-77 T (3x3 with stride 2: 34 T), on NCX 32-58 T for
-    // 3x3, 35 T for 1x1 and 22 T with strides. The channels-last copy moved
-    // about 0.4 TB/s (bytes read and written) and lost on every NCX layer but
-    // f16/bf16 depthwise with a 7x7 kernel (2026-11-23). There NHWC read the
-    // data at 0.6 TB/s, NCX ran 10 times slower, and the copy won 4.2x; with
-    // 3x3 kernels NCX ran 2-6 times slower and the copy did not pay. float32
-    // 7x7 depthwise is the other way round: 0.12 TB/s on NCX data, 0.033 on
-    // NHWC, where a channels-first copy (1 TB/s) won 3.0x; elsewhere that
-    // copy lost (0.06-0.6x).
+    // 3x3, 35 T for 1x1 and 22 T with strides. Depthwise 3x3 (MobileNetV2)
+    // read its data at 0.8-1.3 TB/s on NHWC, and on NCX at 0.28 (f32), 0.14
+    // (bf16) and 0.38 (f16), with stride 2 at 0.63 (f32) and 0.33 (f16,
+    // bf16). Depthwise 7x7 in f16/bf16: NHWC 0.6 TB/s, NCX ten times slower;
+    // in float32 the other way round: 0.12 TB/s on NCX data, 0.033 on NHWC.
     const bool nhwc = layout == DataLayout::ChannelsLast || (layout == DataLayout::Given && is_channels_last(problem.input));
     const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
     double base_seconds;
     if (depthwise) {
-      const double bytes_per_second = g.taps() < 25 ? 0.6e12
-                                      : reduced     ? (nhwc ? 0.6e12 : 0.06e12)
-                                                    : (nhwc ? 0.033e12 : 0.12e12);
+      const at::ScalarType dtype = problem.input.scalar_type();
+      const double bytes_per_second = g.taps() >= 25 ? (reduced ? (nhwc ? 0.6e12 : 0.06e12) : (nhwc ? 0.033e12 : 0.12e12))
+                                      : nhwc                   ? 1e12
+                                      : strided                ? (reduced ? 0.33e12 : 0.63e12)
+                                      : dtype == at::kBFloat16 ? 0.14e12
+                                      : dtype == at::kHalf     ? 0.38e12
+                                                               : 0.28e12;
       base_seconds = g.data_bytes(element_size) / bytes_per_second;
     } else {
       double macs_per_second;
@@ -480,8 +563,7 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
         macs_per_second = g.taps() == 1 ? (reduced ? 57e12 : 35e12) : (reduced ? 100e12 : 40e12);
       base_seconds = std::max(g.macs() / macs_per_second, g.data_bytes(element_size) / 2.3e12);
     }
-    const double copy_bytes_per_second = layout == DataLayout::ChannelsFirst ? 1e12 : 0.4e12;
-    return 5e-6 + copy_bytes / copy_bytes_per_second + base_seconds;
+    return 5e-6 + cuda_copy_seconds + base_seconds;
   }
   // Not measured on CPUs, where it runs only when forced.
   if (layout == DataLayout::ChannelsFirst) return 1e30;
@@ -520,14 +602,16 @@ at::Tensor run_in_caller_layout(const Problem& problem) {
 }
 
 at::Tensor run_in_channels_last(const Problem& problem) {
-  return run_aten(problem, channels_last_copy(problem.input), channels_last_copy(problem.grad_output),
+  return run_aten(problem, LayoutCopy(problem.input, DataLayout::ChannelsLast).run(),
+                  LayoutCopy(problem.grad_output, DataLayout::ChannelsLast).run(),
                   nxc_to_ncx(problem.input.dim()));
 }
 
 at::Tensor run_in_channels_first(const Problem& problem) {
   std::vector<int64_t> identity(problem.input.dim());
   for (int64_t dim = 0; dim < problem.input.dim(); ++dim) identity[dim] = dim;
-  return run_aten(problem, problem.input.contiguous(), problem.grad_output.contiguous(), identity);
+  return run_aten(problem, LayoutCopy(problem.input, DataLayout::ChannelsFirst).run(),
+                  LayoutCopy(problem.grad_output, DataLayout::ChannelsFirst).run(), identity);
 }
 
 }  // namespace

@@ -37,8 +37,8 @@ Geometry geometry_of(const Problem& problem) {
   return g;
 }
 
-bool spatial_flattens(const int64_t (&sizes)[3], const int64_t (&strides)[5]) {
-  int64_t expected = 1;
+bool spatial_flattens(const int64_t (&sizes)[3], const int64_t (&strides)[5], int64_t unit) {
+  int64_t expected = unit;
   for (int64_t axis = 2; axis >= 0; --axis) {
     if (sizes[axis] != 1 && strides[2 + axis] != expected) return false;
     expected *= sizes[axis];

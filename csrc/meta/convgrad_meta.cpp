@@ -15,8 +15,15 @@ struct MetaBackend {
   }
 };
 
+at::Tensor batched_transpose(const at::Tensor& matrices) {
+  return at::empty_symint(batched_transpose_shape(matrices), matrices.options());
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(torch_convgrad, Meta, m) { EntryPoints<MetaBackend>::register_all(m); }
+TORCH_LIBRARY_IMPL(torch_convgrad, Meta, m) {
+  EntryPoints<MetaBackend>::register_all(m);
+  m.impl("_batched_transpose", &batched_transpose);
+}
 
 }  // namespace torch_convgrad
