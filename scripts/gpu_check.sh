@@ -7,8 +7,10 @@
 #   bash scripts/gpu_check.sh [OUTDIR] [STEP...]     (make gpu-check OUT=OUTDIR)
 #
 # Steps: build, cuda-tests, bench (the default: all three; their limits add up to 9.5 minutes,
-# one such call; the build took 34 s on an H100 machine's 16 cores), cpu-tests (the rest of the
-# suite, which CI runs anyway). The build honours CC, CXX, MAX_JOBS and TORCH_CUDA_ARCH_LIST.
+# one such call; the build took 34 s on an H100 machine's 16 cores), layouts (every CUDA
+# algorithm forced on the benchmark's layers, and the layout copy's bandwidth: the CUDA cost
+# model's calibration, benchmarks/cuda_layouts.py), cpu-tests (the rest of the suite, which CI
+# runs anyway). The build honours CC, CXX, MAX_JOBS and TORCH_CUDA_ARCH_LIST.
 # pytest-xdist, where installed, runs the tests in parallel.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -40,8 +42,9 @@ for step in $STEPS; do
     build) run_step build 90 "$PYTHON" setup.py --quiet build_ext --inplace ;;
     cuda-tests) run_step cuda-tests 300 "${PYTEST[@]}" -k cuda ;;
     bench) run_step bench 180 "$PYTHON" -m torch_convgrad bench --device cuda --markdown --repeats 5 ;;
+    layouts) run_step layouts 150 "$PYTHON" benchmarks/cuda_layouts.py --json "$OUTDIR/layouts.json" ;;
     cpu-tests) run_step cpu-tests 400 "${PYTEST[@]}" -k "not cuda" ;;
-    *) echo "unknown step '$step' (build, cuda-tests, bench, cpu-tests)" >&2; exit 2 ;;
+    *) echo "unknown step '$step' (build, cuda-tests, bench, layouts, cpu-tests)" >&2; exit 2 ;;
   esac
 done
 [ -s "$TORCH_CONVGRAD_FAILURE_LOG" ] && echo "failures: $(grep -c '^=== ' "$TORCH_CONVGRAD_FAILURE_LOG") (tracebacks in $TORCH_CONVGRAD_FAILURE_LOG)"
