@@ -135,8 +135,14 @@ at::Tensor batched_transpose(const at::Tensor& matrices) {
   return op.call(matrices);
 }
 
-// _batched_transpose's CUDA kernel on an H100, bytes read and written.
-constexpr double kTranspositionBytesPerSecond = 2.4e12;
+// _batched_transpose's CUDA kernel on an H100, bytes read and written per
+// second: 2.7-2.9 TB/s in float32 and 2.2-2.8 in bf16 on the benchmark's
+// layers at batch 64 (2.0-4.1 on those of 13-26 MB, partly in L2), against
+// 0.5-1.7 for ATen's copy (2026-11-27). Tiles of fewer rows than 32 (e.g. RGB
+// images' channels) are taken to slow it in proportion (not measured).
+double transposition_bytes_per_second(int64_t element_size, int64_t rows) {
+  return (element_size >= 4 ? 2.8e12 : 2.4e12) * std::min<double>(1.0, rows / 32.0);
+}
 
 // NCX data copied to channels-last or channels-first memory, as a batch of
 // matrix transpositions: of the data's (N, C, X) matrices to channels-last,
@@ -513,8 +519,9 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   const int64_t element_size = problem.input.element_size();
   const bool channels_last = layout == DataLayout::ChannelsLast;
   // The layout copy's bytes (read and written) and, on CUDA, its seconds:
-  // one tiled transposition where the data allows, else ATen's copy at
-  // about 0.4 TB/s to channels-last and 1 TB/s to channels-first (H100).
+  // one tiled transposition where the data allows, else ATen's copy (on an
+  // H100 0.5-1.7 TB/s on dense data, 2026-11-27).
+  constexpr double kAtenCopyBytesPerSecond = 0.5e12;
   double copy_bytes = 0, cuda_copy_seconds = 0;
   for (const bool is_input : {true, false}) {
     const at::Tensor& data = is_input ? problem.input : problem.grad_output;
@@ -527,41 +534,47 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
                                                  is_input ? g.input_strides : g.grad_output_strides,
                                                  is_input ? g.in_channels : g.out_channels, layout);
     copy_bytes += bytes;
-    cuda_copy_seconds += bytes / (one_pass ? kTranspositionBytesPerSecond : channels_last ? 0.4e12 : 1e12);
+    const int64_t rows = channels_last ? (is_input ? g.in_channels : g.out_channels)
+                                       : (is_input ? g.in[0] * g.in[1] * g.in[2] : g.out_positions());
+    cuda_copy_seconds += bytes / (one_pass ? transposition_bytes_per_second(element_size, rows)
+                                  : kAtenCopyBytesPerSecond);
   }
   if (problem.input.is_cuda()) {
     // cuDNN with torch 2.11 on an H100, the benchmark's layers at batch 64,
-    // GPU time (2026-11-24): about 5 us plus the larger of the products at a
-    // rate by dtype and layout and the data at 2.3 TB/s. Products (MAC/s):
-    // f16/bf16 on NHWC data 155-205 T (a 3x3 kernel with stride 2: 54 T), on
-    // NCX 80-148 T for 3x3, 57 T for 1x1 and 35-38 T with strides; float32
-    // (TF32) on NHWC 47-77 T (3x3 with stride 2: 34 T), on NCX 32-58 T for
-    // 3x3, 35 T for 1x1 and 22 T with strides. Depthwise 3x3 (MobileNetV2)
-    // read its data at 0.8-1.3 TB/s on NHWC, and on NCX at 0.28 (f32), 0.14
-    // (bf16) and 0.38 (f16), with stride 2 at 0.63 (f32) and 0.33 (f16,
-    // bf16). Depthwise 7x7 in f16/bf16: NHWC 0.6 TB/s, NCX ten times slower;
-    // in float32 the other way round: 0.12 TB/s on NCX data, 0.033 on NHWC.
+    // GPU time (2026-11-27): about 5 us plus, on NHWC data, the larger of the
+    // products at a rate by dtype and the data at 2.3 TB/s. Products (MAC/s):
+    // f16/bf16 145-180 T, a 3x3 kernel with stride 2 58 T; float32 (TF32)
+    // 40-80 T, with stride 2 38 T. On NCX data cuDNN took that time plus
+    // about one pass over the data (bytes read and written) at 1.7-2.1 TB/s
+    // in f16/bf16 and 2.3-2.9 in float32, 1.5 and 1.75 for the 3x3 with
+    // stride 2; but 1x1 layers without a stride on 56x56 maps ran as fast as
+    // on NHWC. Depthwise 3x3 (MobileNetV2) read its data at 2.4 TB/s on NHWC
+    // (bf16: 1.75; stride 2: 1.6, f16 2.2), and on NCX at 0.57 (f32), 0.29
+    // (bf16) and 0.77 (f16), with stride 2 at 1.26 (f32) and 0.66 (f16,
+    // bf16). Depthwise 7x7 (ConvNeXt) in f16/bf16: NHWC 0.6 TB/s, NCX ten
+    // times slower; in float32 the other way round: 0.12 TB/s on NCX data,
+    // 0.033 on NHWC.
     const bool nhwc = layout == DataLayout::ChannelsLast || (layout == DataLayout::Given && is_channels_last(problem.input));
     const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+    const at::ScalarType dtype = problem.input.scalar_type();
+    const double data_bytes = g.data_bytes(element_size);
     double base_seconds;
     if (depthwise) {
-      const at::ScalarType dtype = problem.input.scalar_type();
       const double bytes_per_second = g.taps() >= 25 ? (reduced ? (nhwc ? 0.6e12 : 0.06e12) : (nhwc ? 0.033e12 : 0.12e12))
-                                      : nhwc                   ? 1e12
-                                      : strided                ? (reduced ? 0.33e12 : 0.63e12)
-                                      : dtype == at::kBFloat16 ? 0.14e12
-                                      : dtype == at::kHalf     ? 0.38e12
-                                                               : 0.28e12;
-      base_seconds = g.data_bytes(element_size) / bytes_per_second;
+                                      : nhwc    ? (strided ? (dtype == at::kHalf ? 2.2e12 : 1.6e12)
+                                                           : (dtype == at::kBFloat16 ? 1.75e12 : 2.4e12))
+                                      : strided ? (reduced ? 0.66e12 : 1.26e12)
+                                                : (dtype == at::kBFloat16 ? 0.29e12 : dtype == at::kHalf ? 0.77e12 : 0.57e12);
+      base_seconds = data_bytes / bytes_per_second;
     } else {
-      double macs_per_second;
-      if (nhwc)
-        macs_per_second = (reduced ? 170e12 : 60e12) * (strided && g.taps() > 1 ? 0.4 : 1.0);
-      else if (strided)
-        macs_per_second = reduced ? 36e12 : 22e12;
-      else
-        macs_per_second = g.taps() == 1 ? (reduced ? 57e12 : 35e12) : (reduced ? 100e12 : 40e12);
-      base_seconds = std::max(g.macs() / macs_per_second, g.data_bytes(element_size) / 2.3e12);
+      bool stride_divides_kernel = true;
+      for (int64_t axis = 0; axis < 3; ++axis) stride_divides_kernel &= g.kernel[axis] % g.stride[axis] == 0;
+      const bool slow_strides = g.taps() > 1 && !stride_divides_kernel;
+      const double macs_per_second = slow_strides ? (reduced ? 58e12 : 38e12) : (reduced ? 170e12 : 60e12);
+      base_seconds = std::max(g.macs() / macs_per_second, data_bytes / 2.3e12);
+      const bool long_pointwise_rows = g.taps() == 1 && !strided && g.out_positions() >= 1024;
+      if (!nhwc && !long_pointwise_rows)
+        base_seconds += 2 * data_bytes / (slow_strides ? (reduced ? 1.5e12 : 1.75e12) : (reduced ? 1.9e12 : 2.6e12));
     }
     return 5e-6 + cuda_copy_seconds + base_seconds;
   }
