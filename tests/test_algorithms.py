@@ -494,19 +494,24 @@ def test_bf16_goes_to_onednn_where_the_cpu_multiplies_bf16(data_format):
 
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
-def test_aten_gets_float32_copies_of_f16_on_cpu(data_format):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_aten_gets_float32_copies_of_f16_on_cpu(data_format, dtype):
     """oneDNN's f16 weight gradient ran at 0.1-0.4 GMAC/s on a Sapphire Rapids (AVX-512 FP16),
-    300 to 1000 times slower than on float32 copies, so ATen is handed those on every CPU."""
-    x = rand(data_shape(2, 8, (8, 8), data_format), torch.float16, seed=5)
-    dy = rand(data_shape(2, 8, (8, 8), data_format), torch.float16, seed=6)
+    300 to 1000 times slower than on float32 copies, so ATen is handed those on every CPU; bf16
+    too where the CPU has no bf16 products (AVX-512 BF16 or AMX), whose emulation ran at a fifth
+    to a half of the float32 rate on a Cascade Lake."""
+    x = rand(data_shape(2, 8, (8, 8), data_format), dtype, seed=5)
+    dy = rand(data_shape(2, 8, (8, 8), data_format), dtype, seed=6)
     attributes = dict(pads_begin=1, pads_end=1, data_format=data_format, filter_format="OIX")
     with torch.profiler.profile(record_shapes=True) as profile:
         out, ran = run("aten", x, dy, [8, 8, 3, 3], attributes)
-    assert ran == "aten" and out.dtype == torch.float16
+    assert ran == "aten" and out.dtype == dtype
+    assert_matches_ref(out, REF.conv_backprop_filters(x, dy, [8, 8, 3, 3], **attributes), dtype)
     # The profiler's raw events: FunctionEvent.input_dtypes is newer than torch 2.11.
     calls = [event.dtypes() for event in profile.profiler.kineto_results.events()
              if event.name() == "aten::convolution_backward"]
-    assert len(calls) == 1 and calls[0][:3] == ["float"] * 3, calls
+    native = dtype == torch.bfloat16 and (AVX512_BF16 or AMX)
+    assert len(calls) == 1 and calls[0][:3] == ["c10::BFloat16" if native else "float"] * 3, calls
 
 
 # amx reads one operand in place (the output gradient, or the input of a 1x1

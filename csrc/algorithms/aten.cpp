@@ -84,6 +84,15 @@ bool materialises_padding_within_kernel(const at::Tensor& input) {
   return input.is_cpu() && input.scalar_type() == at::kBFloat16;
 }
 
+// Whether oneDNN runs bf16 on the CPU's own bf16 products (AVX-512 BF16's
+// dot products or AMX tiles). Without them it emulates them: on an Intel
+// Xeon without either (Cascade Lake, AVX-512 VNNI; torch 2.13, 2026-11-27)
+// its bf16 weight gradient ran at a fifth to a half of its float32 rate on
+// the benchmark's layers (3x3 64ch 56x56 NXC: 41.8 ms against 8.6).
+bool runs_bf16_natively(const at::Tensor& input) {
+  return input.scalar_type() != at::kBFloat16 || cpu_has_avx512_bf16() || cpu_has_amx_bf16();
+}
+
 // Whether ATen's backend for this convolution accumulates f16/bf16 in float32
 // (cuDNN, oneDNN, MIOpen and the CUDA depthwise kernels do) and is worth
 // taking them as they are; its slow paths add each sample's product into the
@@ -93,7 +102,7 @@ bool materialises_padding_within_kernel(const at::Tensor& input) {
 bool accumulates_in_float32(const at::Tensor& input, const at::Tensor& weight, c10::SymIntArrayRef stride,
                             c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, int64_t groups) {
   using at::native::ConvBackend;
-  if (input.is_cpu() && input.scalar_type() == at::kHalf) return false;
+  if (input.is_cpu() && (input.scalar_type() == at::kHalf || !runs_bf16_natively(input))) return false;
   const std::vector<c10::SymInt> no_output_padding(stride.size(), 0);
   switch (at::native::select_conv_backend(input, weight, std::nullopt, stride, padding, dilation,
                                           /*transposed=*/false, no_output_padding, groups, std::nullopt)) {
@@ -459,8 +468,8 @@ double avx512_float32_pointwise_seconds(const Geometry& g, bool nxc) {
 // (NXC f32), 7 (NCX f32), 4-7 (bf16), twice that with stride 2 and four times
 // for bf16 NXC (21-33), and 7x7 at a tenth to a fortieth of it. The 1-D
 // layer ran at 0.5 (NXC) and 0.7 (NCX) times its class's rate in float32,
-// 0.65 and 0.5 in bf16 (2026-11-25). Without AVX-512 BF16, bf16 is taken to
-// run at the float32 rate (not measured). Float32 3x3 layers of 128 to 512
+// 0.65 and 0.5 in bf16 (2026-11-25). Without AVX-512 BF16, bf16 goes to
+// oneDNN as float32 copies (runs_bf16_natively). Float32 3x3 layers of 128 to 512
 // channels ran as fast channels-first as channels-last (83-98 GMAC/s at
 // 28x28 and 14x14, 55-63 at 7x7), 1.05-1.23 times as fast in place as
 // copied to channels-last; 64 channels at 56x56 ran at 83-88 or at 56-61,
@@ -594,7 +603,7 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   // the f16 layers took 0.1-0.8 ms longer than f32 ones on ResNet's 1x1
   // layers at 56x56 and 28x28 (80-440 GB/s so counted; 2026-11-25), 1.1 ms
   // at 14x14 (15).
-  const bool converts = problem.input.scalar_type() == at::kHalf || (reduced && !avx512);
+  const bool converts = problem.input.scalar_type() == at::kHalf || !runs_bf16_natively(problem.input);
   const double convert_bytes_per_second = calibration == CpuCalibration::Avx512Amx ? 25e9 : avx512 ? 80e9 : 10e9;
   if (converts) seconds += g.data_bytes(4) * 2 / convert_bytes_per_second;
   return seconds;
