@@ -9,7 +9,7 @@
 # Steps: build, cuda-tests, bench (the default: all three; their limits add up to 9.5 minutes,
 # one such call; the build took 34 s on an H100 machine's 16 cores), layouts (every CUDA
 # algorithm forced on the benchmark's layers, and the layout copy's bandwidth: the CUDA cost
-# model's calibration, benchmarks/cuda_layouts.py), cpu-tests (the rest of the suite, which CI
+# model's calibration, benchmarks/forced_algorithms.py), cpu-tests (the rest of the suite, which CI
 # runs anyway). The build honours CC, CXX, MAX_JOBS and TORCH_CUDA_ARCH_LIST.
 # pytest-xdist, where installed, runs the tests in parallel.
 set -uo pipefail
@@ -42,7 +42,7 @@ for step in $STEPS; do
     build) run_step build 90 "$PYTHON" setup.py --quiet build_ext --inplace ;;
     cuda-tests) run_step cuda-tests 300 "${PYTEST[@]}" -k cuda ;;
     bench) run_step bench 180 "$PYTHON" -m torch_convgrad bench --device cuda --markdown --repeats 5 ;;
-    layouts) run_step layouts 150 "$PYTHON" benchmarks/cuda_layouts.py --json "$OUTDIR/layouts.json" ;;
+    layouts) run_step layouts 150 "$PYTHON" benchmarks/forced_algorithms.py --device cuda --json "$OUTDIR/layouts.json" ;;
     cpu-tests) run_step cpu-tests 400 "${PYTEST[@]}" -k "not cuda" ;;
     *) echo "unknown step '$step' (build, cuda-tests, bench, layouts, cpu-tests)" >&2; exit 2 ;;
   esac

@@ -1087,15 +1087,44 @@ def test_f32_strided_channels_last_depthwise_goes_to_the_depthwise_kernel():
     assert run(None, x, dy, [144, 1, 3, 3], attributes)[1] == "depthwise"
 
 
-@pytest.mark.skipif(not AVX512 or AMX, reason="the calibration of AVX-512 CPUs without AMX")
-@pytest.mark.parametrize("data_format,expected", [("NXC", "gemm"), ("NCX", "aten")])
-def test_f32_1d_layer_picks(data_format, expected):
-    """The benchmark's 1-D layer (k10 s5, 32 -> 64 channels, 16000 samples) in f32: oneDNN ran it
-    at 43 GMAC/s channels-last and 60 channels-first, the fused kernel at 68 in either layout,
-    which its packing costs more of channels-first (Zen 4, 2 threads, 1.01-1.09x)."""
+@pytest.mark.skipif(not AVX512 or AMX, reason="the calibrations of AVX-512 CPUs without AMX")
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_f32_1d_layer_picks(data_format):
+    """The benchmark's 1-D layer (k10 s5, 32 -> 64 channels, 16000 samples) in f32: on a Zen 4
+    oneDNN ran it at 43 GMAC/s channels-last and 60 channels-first, the fused kernel at 68 in
+    either layout, which its packing costs more of channels-first (2 threads, 1.01-1.09x); on a
+    Cascade Lake oneDNN at 24 and 33, gemm at 61 and 38 (1.13x channels-first)."""
     x, dy = rand(data_shape(4, 32, (16000,), data_format), seed=5), rand(data_shape(4, 64, (3199,), data_format), seed=6)
     attributes = dict(strides=5, data_format=data_format, filter_format="OIX")
+    expected = "aten" if data_format == "NCX" and AVX512_BF16 else "gemm"
     assert run(None, x, dy, [64, 32, 10], attributes)[1] == expected
+
+
+# The picks of the calibration of AVX-512 CPUs without bf16 products, each measured faster on an
+# Intel Xeon (Cascade Lake, 2 threads, 2026-11-27, benchmarks/forced_algorithms.py): oneDNN on
+# ResNet-50's 3x3 channels-first (9.9 ms against gemm's 13.0) and 1x1 64 -> 256 channels-last
+# layers (6.2 against 7.8), and on bf16 as float32 copies for its 3x3 on 14x14 maps (11.4 against
+# 19.4); gemm for the 1x1 channels-first (7.7 against 10.3) and the stride-2 1x1 in bf16 (10.5
+# against 14.1).
+CASCADE_LAKE_PICKS = [
+    # (data_format, dtype, C, O, size, kernel, attributes, pick)
+    ("NCX", torch.float32, 64, 64, (56, 56), 3, dict(pads_begin=1, pads_end=1), "aten"),
+    ("NXC", torch.float32, 64, 256, (56, 56), 1, dict(), "aten"),
+    ("NCX", torch.float32, 64, 256, (56, 56), 1, dict(), "gemm"),
+    ("NCX", torch.bfloat16, 256, 256, (14, 14), 3, dict(pads_begin=1, pads_end=1), "aten"),
+    ("NXC", torch.bfloat16, 256, 512, (56, 56), 1, dict(strides=2), "gemm"),
+]
+
+
+@pytest.mark.skipif(not AVX512 or AVX512_BF16 or AMX, reason="the calibration of AVX-512 CPUs without bf16 products")
+@pytest.mark.parametrize("data_format,dtype,c,o,size,kernel,attributes,pick", CASCADE_LAKE_PICKS)
+def test_cascade_lake_picks(data_format, dtype, c, o, size, kernel, attributes, pick):
+    stride = attributes.get("strides", 1)
+    pads = attributes.get("pads_begin", 0) + attributes.get("pads_end", 0)
+    out = [(s + pads - kernel) // stride + 1 for s in size]
+    x = rand(data_shape(8, c, size, data_format), dtype, seed=21)
+    dy = rand(data_shape(8, o, out, data_format), dtype, seed=22)
+    assert run(None, x, dy, [o, c, kernel, kernel], dict(attributes, data_format=data_format, filter_format="OIX"))[1] == pick
 
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
@@ -1203,7 +1232,7 @@ def test_cuda_f32_matmul_is_never_less_precise_than_the_convolution_tf32_setting
 
 
 # The CUDA cost models' picks on the benchmark's layers at its CUDA batch (64), each the fastest
-# or within 3% of it on an H100 (GPU time, torch 2.11, 2026-11-27, benchmarks/cuda_layouts.py):
+# or within 3% of it on an H100 (GPU time, torch 2.11, 2026-11-27, benchmarks/forced_algorithms.py):
 # f32 7x7 depthwise on channels-last data copied to NCX (3.4x), NCX data copied to channels-last
 # by the tiled transposition for bf16 7x7 (6.8x) and 3x3 (2.6x) depthwise, f16 1x1 on 14x14
 # maps (1.2x), bf16 3x3 (1.09x) and f32 3x3 with stride 2 (1.2x); a stride-2 1x1 layer on NCX

@@ -88,9 +88,10 @@ bool cpu_is_avx512();
 // capability (cpu_is_avx512()) and AMX tiles. Each was measured on one CPU,
 // with 2 threads.
 enum class CpuCalibration {
-  Avx2,       // an AMD EPYC (Zen 3)
-  Avx512,     // AVX-512 without AMX: an AMD EPYC (Zen 4, with AVX-512 BF16)
-  Avx512Amx,  // an Intel Xeon (Sapphire Rapids)
+  Avx2,        // an AMD EPYC (Zen 3)
+  Avx512,      // AVX-512 without bf16 products: an Intel Xeon (Cascade Lake)
+  Avx512Bf16,  // AVX-512 with AVX-512 BF16's dot products, no AMX: an AMD EPYC (Zen 4)
+  Avx512Amx,   // an Intel Xeon (Sapphire Rapids)
 };
 CpuCalibration cpu_calibration();
 // Whether the CPU multiplies bf16 on AMX tiles, as oneDNN does for its bf16

@@ -455,8 +455,8 @@ double avx512_float32_pointwise_seconds(const Geometry& g, bool nxc) {
   return g.macs() / macs_per_second + weights * seconds_per_weight + 100e-6 * std::min(1.0, 1568.0 / rows);
 }
 
-// Seconds of oneDNN's weight gradient on an AVX-512 CPU without AMX. Measured
-// with torch 2.13 on an AMD EPYC (Zen 4, AVX-512 BF16, 2 threads) over the
+// Seconds of oneDNN's weight gradient on an AVX-512 CPU with AVX-512 BF16 but
+// without AMX. Measured with torch 2.13 on an AMD EPYC (Zen 4, 2 threads) over the
 // benchmark's layers (2026-11-24), in float32: 3x3 at 89 GMAC/s (NXC) and
 // 59-83 (NCX), 64-78 with stride 2, 67-104 where the stride divides the
 // kernel (U-Net, DCGAN, the 1-D layer); 1x1 at 61-82, with stride 2 at 83
@@ -509,6 +509,41 @@ bool is_channels_first(const at::Tensor& ncx) { return ncx.is_contiguous(); }
 
 bool not_yet_channels_first(const Problem& problem) {
   return !is_channels_first(problem.input) || !is_channels_first(problem.grad_output);
+}
+
+// Seconds of oneDNN's float32 weight gradient on an AVX-512 CPU without bf16
+// products, where bf16 runs on float32 copies too (runs_bf16_natively).
+// Measured with torch 2.13 on an Intel Xeon (Cascade Lake, 2 threads) over the
+// benchmark's layers (2026-11-27), in GMAC/s: 3x3 at 86-102 in either layout;
+// 1x1 channels-last at 67 on 56x56 maps and 53 on 14x14, channels-first at
+// 61 from 128 input channels and 40 with 64; the 3x3 with stride 2 at 44
+// (NXC) and 56 (NCX), 1x1 with stride 2 at 61 and 54; where the stride
+// divides the kernel 73-86 (DCGAN) and with 128 channels or fewer 47-52
+// (U-Net); the 1-D layer at 0.46 (NXC) and 0.7 (NCX) times that; 3-D at 25.
+// Depthwise 3x3 read its data at 5.3-7.5 GB/s, 7x7 at 1.3 (NXC) and 0.35.
+double avx512_without_bf16_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
+  if (g.in_channels == g.groups && g.out_channels == g.groups) {
+    const double bytes_per_second = g.taps() > 9 ? (nxc ? 1.3e9 : 0.35e9) : (nxc ? 7e9 : 5.5e9);
+    return kDepthwiseSetupSeconds + g.data_bytes(problem.input.element_size()) / bytes_per_second;
+  }
+  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  bool stride_divides_kernel = true;
+  for (int64_t axis = 0; axis < 3; ++axis) stride_divides_kernel &= g.kernel[axis] % g.stride[axis] == 0;
+  double macs_per_second;
+  if (g.taps() == 1 && strided)
+    macs_per_second = nxc ? 61e9 : 54e9;
+  else if (g.taps() == 1)
+    macs_per_second = nxc ? (g.out_positions() >= 1024 ? 67e9 : 53e9) : (g.in_channels >= 128 ? 61e9 : 40e9);
+  else if (strided && stride_divides_kernel)
+    macs_per_second = std::min(g.in_channels, g.out_channels) >= 128 ? (nxc ? 73e9 : 86e9) : (nxc ? 52e9 : 47e9);
+  else if (strided)
+    macs_per_second = nxc ? 44e9 : 56e9;
+  else
+    macs_per_second = 95e9;
+  macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
+  if (problem.spatial_rank() == 1) macs_per_second *= nxc ? 0.46 : 0.7;
+  if (problem.spatial_rank() == 3) macs_per_second = std::min(macs_per_second, 25e9);
+  return g.macs() / macs_per_second;
 }
 
 // Whether a data tensor's copy to `layout` is one tiled transposition
@@ -591,10 +626,10 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   if (layout == DataLayout::ChannelsFirst) return 1e30;
   const bool nxc = channels_last || is_channels_last(problem.input);
   const CpuCalibration calibration = cpu_calibration();
-  const bool avx512 = calibration != CpuCalibration::Avx2;
-  double onednn_seconds = calibration == CpuCalibration::Avx512Amx ? avx512_amx_cpu_seconds(problem, g, nxc)
-                          : avx512                                 ? avx512_cpu_seconds(problem, g, nxc)
-                                                                   : avx2_cpu_seconds(problem, g, nxc);
+  double onednn_seconds = calibration == CpuCalibration::Avx512Amx    ? avx512_amx_cpu_seconds(problem, g, nxc)
+                          : calibration == CpuCalibration::Avx512Bf16 ? avx512_cpu_seconds(problem, g, nxc)
+                          : calibration == CpuCalibration::Avx512     ? avx512_without_bf16_cpu_seconds(problem, g, nxc)
+                                                                      : avx2_cpu_seconds(problem, g, nxc);
   // float64 products at half the float32 rate (depthwise is counted in bytes).
   if (problem.input.scalar_type() == at::kDouble && !depthwise) onednn_seconds *= 2;
   double seconds = 25e-6 + copy_bytes / 6e9 + onednn_seconds;
@@ -602,10 +637,16 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   // 21-36 GB/s (bytes written, twice) on the Sapphire Rapids; on the Zen 4
   // the f16 layers took 0.1-0.8 ms longer than f32 ones on ResNet's 1x1
   // layers at 56x56 and 28x28 (80-440 GB/s so counted; 2026-11-25), 1.1 ms
-  // at 14x14 (15).
+  // at 14x14 (15). On the Cascade Lake the f16/bf16 layers took 1.0-1.65
+  // (typically 1.2) times as long as float32 ones, whatever their size
+  // (2026-11-27): counted as 20 GB/s and a fifth of oneDNN's time.
   const bool converts = problem.input.scalar_type() == at::kHalf || !runs_bf16_natively(problem.input);
-  const double convert_bytes_per_second = calibration == CpuCalibration::Avx512Amx ? 25e9 : avx512 ? 80e9 : 10e9;
+  const double convert_bytes_per_second = calibration == CpuCalibration::Avx512Amx    ? 25e9
+                                          : calibration == CpuCalibration::Avx512Bf16 ? 80e9
+                                          : calibration == CpuCalibration::Avx512     ? 20e9
+                                                                                      : 10e9;
   if (converts) seconds += g.data_bytes(4) * 2 / convert_bytes_per_second;
+  if (converts && calibration == CpuCalibration::Avx512) seconds += 0.2 * onednn_seconds;
   return seconds;
 }
 

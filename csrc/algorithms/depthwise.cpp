@@ -40,13 +40,13 @@ namespace kernel = depthwise_kernel;
 // staging's work, against oneDNN's 5-7 and ATen's f16 paths' far less).
 double bytes_per_second() {
   const CpuCalibration calibration = cpu_calibration();
-  return calibration == CpuCalibration::Avx512Amx ? 21e9 : calibration == CpuCalibration::Avx512 ? 25e9 : 16e9;
+  return calibration == CpuCalibration::Avx512Amx ? 21e9 : calibration == CpuCalibration::Avx2 ? 16e9 : 25e9;
 }
 double depthwise_macs_per_second(double windows) {
   const CpuCalibration calibration = cpu_calibration();
   const double long_rows = calibration == CpuCalibration::Avx512Amx ? 100e9
-                           : calibration == CpuCalibration::Avx512  ? 65e9
-                                                                    : 45e9;
+                           : calibration == CpuCalibration::Avx2    ? 45e9
+                                                                    : 65e9;
   return std::min(long_rows, 2.5 * long_rows * windows / (windows + 85));
 }
 constexpr double kGroupedMacsPerSecond = 35e9;
@@ -101,8 +101,14 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // interleaved) and the channels-first ones 1.23-1.61 times in f32 and
   // 0.94-1.29 times in f16/bf16 (1.05-1.1 on average over six runs; rows of a
   // line or two); on a Sapphire Rapids the f32 channels-last layer ran
-  // 0.94-1.0 times as fast, and on a Zen 3 prefetching measured slower.
-  args.prefetch_next_rows = cpu_calibration() == CpuCalibration::Avx512;
+  // 0.94-1.0 times as fast, and on a Zen 3 prefetching measured slower. On an
+  // Intel Xeon (Cascade Lake, 2026-11-27) the channels-first layers ran
+  // 1.11-1.65 times as fast (ConvNeXt 1.16-1.25) and the channels-last ones
+  // 0.89-0.97 times, so there only channels-first data is prefetched.
+  const CpuCalibration calibration = cpu_calibration();
+  const bool channels_last_data = args.input_strides[1] == 1 && args.grad_output_strides[1] == 1;
+  args.prefetch_next_rows = calibration == CpuCalibration::Avx512Bf16 ||
+                            (calibration == CpuCalibration::Avx512 && !channels_last_data);
   // Depthwise channels-first planes on AVX512_BF16 dot products, output row
   // by output row, where the channels-last kernel would transpose them:
   // against that, MobileNetV2's 3x3 layers (N=16, stride 1) ran 1.37-1.59

@@ -300,17 +300,21 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   // every problem whose rows run along one axis (1-D, or 2-D of height 1) is
   // taken to run so.
   const double one_axis = !amx_cpu && g.in[0] == 1 && g.in[1] == 1 ? 0.8 : 1.0;
-  // There its 1x1 products (N=8, ResNet's layers from 56x56 down to 7x7,
+  // On the Cascade Lake (2026-11-27) the benchmark's 3x3 layers ran at the
+  // Zen 4's rates, its 1x1 and strided ones at 0.7-0.9 of them.
+  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  const double cascade_lake = calibration == CpuCalibration::Avx512 && (g.taps() == 1 || strided) ? 0.8 : 1.0;
+  // On the Zen 4 its 1x1 products (N=8, ResNet's layers from 56x56 down to 7x7,
   // 2026-11-25) ran faster the wider B: at 61-66 GMAC/s with 32 columns,
   // 70-82 with 64 and 84-95 with 256 and more on maps of 14x14 and 7x7; on
   // 28x28 and 56x56 maps (from 4096 rows) at 72-84 whatever the width.
   if (fused && !amx_cpu && g.taps() == 1) {
     const double rows = static_cast<double>(g.batch) * g.out[0] * g.out[1] * g.out[2];
-    return 92e9 * std::min(1.0, 0.7 + 0.1 * std::log2(b_width / 32.0)) * fused_avx512_width *
+    return cascade_lake * 92e9 * std::min(1.0, 0.7 + 0.1 * std::log2(b_width / 32.0)) * fused_avx512_width *
            (rows >= 4096 ? 0.85 : 1.0);
   }
-  return fused ? (amx_cpu ? 130e9 : 85e9) * one_axis * fused_avx512_width * width(b_width)
-               : (amx_cpu ? 150e9 : 88e9) * width(in_per_group) * width(out_per_group);
+  return cascade_lake * (fused ? (amx_cpu ? 130e9 : 85e9) * one_axis * fused_avx512_width * width(b_width)
+                               : (amx_cpu ? 150e9 : 88e9) * width(in_per_group) * width(out_per_group));
 }
 
 // Whether run() hands both operands to the fused kernel as channels-last

@@ -128,9 +128,10 @@ bool cpu_has_avx512_bf16() {
 }
 
 CpuCalibration cpu_calibration() {
-  static const CpuCalibration calibration = !cpu_is_avx512()    ? CpuCalibration::Avx2
-                                            : cpu_has_amx_bf16() ? CpuCalibration::Avx512Amx
-                                                                 : CpuCalibration::Avx512;
+  static const CpuCalibration calibration = !cpu_is_avx512()       ? CpuCalibration::Avx2
+                                            : cpu_has_amx_bf16()    ? CpuCalibration::Avx512Amx
+                                            : cpu_has_avx512_bf16() ? CpuCalibration::Avx512Bf16
+                                                                    : CpuCalibration::Avx512;
   return calibration;
 }
 

@@ -217,7 +217,7 @@ at::Tensor run(const Problem& problem) {
 // for (by default no TF32, 0.3-0.7x of cuDNN's TF32); the TF32 rate is the
 // benchmark's roofline's (400 TFLOP/s on square products), halved.
 double cost(const Problem& problem, const Geometry& g) {
-  const bool cpu_bf16 = multiplies_bf16_on_cpu(problem, g) && cpu_calibration() == CpuCalibration::Avx512;
+  const bool cpu_bf16 = multiplies_bf16_on_cpu(problem, g) && cpu_calibration() == CpuCalibration::Avx512Bf16;
   if (!problem.input.is_cuda() && !cpu_bf16) return 1e30;
   const OperandView windows = windows_of(problem, g), grad_output = grad_output_of(problem, g);
   const at::ScalarType dtype = problem.input.scalar_type();
