@@ -264,15 +264,11 @@ std::vector<c10::SymInt> Problem::result_shape() const {
 }
 
 at::Tensor Problem::to_caller_layout(const at::Tensor& ncx) const {
-  std::vector<int64_t> inverse(data_to_ncx.size());
-  for (size_t i = 0; i < data_to_ncx.size(); ++i) inverse[data_to_ncx[i]] = static_cast<int64_t>(i);
-  return ncx.permute(inverse);
+  return ncx.permute(inverse_permutation(data_to_ncx));
 }
 
 at::Tensor Problem::canonical_from_result(const at::Tensor& result) const {
-  std::vector<int64_t> inverse(canonical_to_result.size());
-  for (size_t i = 0; i < canonical_to_result.size(); ++i) inverse[canonical_to_result[i]] = static_cast<int64_t>(i);
-  return result.permute(inverse);
+  return result.permute(inverse_permutation(canonical_to_result));
 }
 
 at::Tensor Problem::result_from_canonical(const at::Tensor& canonical) const {

@@ -87,6 +87,13 @@ struct Problem {
 
 inline std::vector<c10::SymInt> symint_vector(c10::IntArrayRef values) { return {values.begin(), values.end()}; }
 
+// The permutation that undoes `order`.
+inline std::vector<int64_t> inverse_permutation(c10::IntArrayRef order) {
+  std::vector<int64_t> inverse(order.size());
+  for (size_t dim = 0; dim < order.size(); ++dim) inverse[order[dim]] = static_cast<int64_t>(dim);
+  return inverse;
+}
+
 // conv_backprop_filters / conv_backprop_weights / the draft signature.
 Problem resolve_convolution(const at::Tensor& input_forward, const at::Tensor& output_delta,
                             const Attributes& attrs, const ArgNames& names);

@@ -128,13 +128,6 @@ std::vector<int64_t> nxc_to_ncx(int64_t dims) {
 // The memory layout ATen gets the data in: as the caller gave it, or copied.
 enum class DataLayout { Given, ChannelsLast, ChannelsFirst };
 
-// The permutation that undoes `order`.
-std::vector<int64_t> inverse(c10::IntArrayRef order) {
-  std::vector<int64_t> inverted(order.size());
-  for (size_t dim = 0; dim < order.size(); ++dim) inverted[order[dim]] = static_cast<int64_t>(dim);
-  return inverted;
-}
-
 // The layout copy as the internal op _batched_transpose (one tiled
 // transposition on CUDA), through the dispatcher.
 at::Tensor batched_transpose(const at::Tensor& matrices) {
@@ -160,7 +153,7 @@ class LayoutCopy {
  public:
   LayoutCopy(const at::Tensor& ncx, DataLayout layout) {
     const auto to_ncx = nxc_to_ncx(ncx.dim());
-    const at::Tensor nxc = ncx.permute(inverse(to_ncx));
+    const at::Tensor nxc = ncx.permute(inverse_permutation(to_ncx));
     const bool channels_last = layout == DataLayout::ChannelsLast;
     const at::Tensor& source = channels_last ? ncx : nxc;
     target_ = channels_last ? nxc : ncx;
@@ -174,12 +167,6 @@ class LayoutCopy {
 
   // Whether the data is already in this layout's memory order.
   bool needed() const { return !target_.is_contiguous(); }
-
-  // Whether the copy is one tiled transposition: _batched_transpose's CUDA
-  // kernel, on matrices with unit-strided rows.
-  bool one_transposition() const {
-    return target_.is_cuda() && matrices_.defined() && (matrices_.size(2) <= 1 || matrices_.stride(2) == 1);
-  }
 
   // An NCX view of the data in this layout (the data itself if it is).
   at::Tensor run() const {
@@ -332,6 +319,14 @@ bool not_yet_channels_last(const Problem& problem) {
   return !is_channels_last(problem.input) || !is_channels_last(problem.grad_output);
 }
 
+// Whether every axis's stride divides its kernel (windows that tile or
+// overlap evenly: 1x1 and U-Net's 2x2 with stride 2, DCGAN's 4x4).
+bool strides_divide_kernel(const Geometry& g) {
+  for (int64_t axis = 0; axis < 3; ++axis)
+    if (g.kernel[axis] % g.stride[axis] != 0) return false;
+  return true;
+}
+
 // Groups of a few channels: oneDNN ran 3x3 layers (N=8, 14x14 to 56x56,
 // 128-512 channels) at 3.5 (2 a group), 5-10 (4) and 20-52 GMAC/s (8) on NXC
 // data, and at 1.6, 2.2-2.4 and 14-36 on NCX (Zen 3, 2026-11-23); no bound
@@ -404,13 +399,11 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
     return kDepthwiseSetupSeconds + g.data_bytes(problem.input.element_size()) / bytes_per_second;
   }
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
-  bool stride_divides_kernel = true;
-  for (int64_t axis = 0; axis < 3; ++axis) stride_divides_kernel &= g.kernel[axis] % g.stride[axis] == 0;
   double macs_per_second;
   if (g.taps() == 1)
     macs_per_second = nxc ? (g.in_channels >= 512 ? 115e9 : 135e9) : 110e9;
   else if (strided)
-    macs_per_second = stride_divides_kernel ? 130e9 : (nxc ? 105e9 : 85e9);
+    macs_per_second = strides_divide_kernel(g) ? 130e9 : (nxc ? 105e9 : 85e9);
   else
     macs_per_second = nxc ? 160e9 : 145e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
@@ -485,15 +478,13 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
         (bf16_products ? (nxc ? 5e9 : 6e9) : (nxc ? 12e9 : 7e9)) * stride_gain / (g.taps() > 9 ? 15 : 1);
     return kDepthwiseSetupSeconds + g.data_bytes(problem.input.element_size()) / bytes_per_second;
   }
-  bool stride_divides_kernel = true;
-  for (int64_t axis = 0; axis < 3; ++axis) stride_divides_kernel &= g.kernel[axis] % g.stride[axis] == 0;
   // bf16 runs channels-first data as fast as channels-last (but 1x1, below).
   const bool channels_last_rate = nxc || bf16_products;
   double macs_per_second;
   if (g.taps() == 1)
     macs_per_second = strided ? (channels_last_rate ? 85e9 : 76e9) : 70e9;
   else if (strided)
-    macs_per_second = stride_divides_kernel ? 85e9 : (channels_last_rate ? 64e9 : 78e9);
+    macs_per_second = strides_divide_kernel(g) ? 85e9 : (channels_last_rate ? 64e9 : 78e9);
   else
     macs_per_second = channels_last_rate || std::min(g.in_channels, g.out_channels) >= 128 ? 89e9 : 70e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
@@ -527,14 +518,12 @@ double avx512_without_bf16_cpu_seconds(const Problem& problem, const Geometry& g
     return kDepthwiseSetupSeconds + g.data_bytes(problem.input.element_size()) / bytes_per_second;
   }
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
-  bool stride_divides_kernel = true;
-  for (int64_t axis = 0; axis < 3; ++axis) stride_divides_kernel &= g.kernel[axis] % g.stride[axis] == 0;
   double macs_per_second;
   if (g.taps() == 1 && strided)
     macs_per_second = nxc ? 61e9 : 54e9;
   else if (g.taps() == 1)
     macs_per_second = nxc ? (g.out_positions() >= 1024 ? 67e9 : 53e9) : (g.in_channels >= 128 ? 61e9 : 40e9);
-  else if (strided && stride_divides_kernel)
+  else if (strided && strides_divide_kernel(g))
     macs_per_second = std::min(g.in_channels, g.out_channels) >= 128 ? (nxc ? 73e9 : 86e9) : (nxc ? 52e9 : 47e9);
   else if (strided)
     macs_per_second = nxc ? 44e9 : 56e9;
@@ -546,10 +535,11 @@ double avx512_without_bf16_cpu_seconds(const Problem& problem, const Geometry& g
   return g.macs() / macs_per_second;
 }
 
-// Whether a data tensor's copy to `layout` is one tiled transposition
-// (LayoutCopy::one_transposition), from Geometry's sizes and strides: its
-// spatial axes flatten, with unit stride for channels-last, and with channels
-// of unit stride between them for channels-first (dense NXC memory).
+// Whether a data tensor's copy to `layout` (LayoutCopy) is one tiled
+// transposition, _batched_transpose's CUDA kernel on matrices with
+// unit-strided rows, from Geometry's sizes and strides: its spatial axes
+// flatten, with unit stride for channels-last, and with channels of unit
+// stride between them for channels-first (dense NXC memory).
 bool transposes_in_one_pass(const Problem& problem, const int64_t (&sizes)[3], const int64_t (&strides)[5],
                             int64_t channels, DataLayout layout) {
   if (!problem.input.is_cuda()) return false;
@@ -611,9 +601,7 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
                                                 : (dtype == at::kBFloat16 ? 0.29e12 : dtype == at::kHalf ? 0.77e12 : 0.57e12);
       base_seconds = data_bytes / bytes_per_second;
     } else {
-      bool stride_divides_kernel = true;
-      for (int64_t axis = 0; axis < 3; ++axis) stride_divides_kernel &= g.kernel[axis] % g.stride[axis] == 0;
-      const bool slow_strides = g.taps() > 1 && !stride_divides_kernel;
+      const bool slow_strides = g.taps() > 1 && !strides_divide_kernel(g);
       const double macs_per_second = slow_strides ? (reduced ? 58e12 : 38e12) : (reduced ? 170e12 : 60e12);
       base_seconds = std::max(g.macs() / macs_per_second, data_bytes / 2.3e12);
       const bool long_pointwise_rows = g.taps() == 1 && !strided && g.out_positions() >= 1024;
