@@ -101,14 +101,15 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // interleaved) and the channels-first ones 1.23-1.61 times in f32 and
   // 0.94-1.29 times in f16/bf16 (1.05-1.1 on average over six runs; rows of a
   // line or two); on a Sapphire Rapids the f32 channels-last layer ran
-  // 0.94-1.0 times as fast, and on a Zen 3 prefetching measured slower. On an
-  // Intel Xeon (Cascade Lake, 2026-11-27) the channels-first layers ran
-  // 1.11-1.65 times as fast (ConvNeXt 1.16-1.25) and the channels-last ones
-  // 0.89-0.97 times, so there only channels-first data is prefetched.
+  // 0.94-1.0 times as fast, and on a Zen 3 prefetching measured slower. Those
+  // prefetches went out at once before a block's tiles. On an Intel Xeon
+  // (Cascade Lake, 2026-11-27), spread over the tiles' loops (PrefetchQueue),
+  // they ran the channels-first layers 1.02-1.75 times as fast as none
+  // (MobileNetV2 1.3-1.75 in f32, 1.16-1.36 in bf16/f16) and 1.0-1.3 times as
+  // fast as all at once, ConvNeXt's channels-last ones 1.03-1.18 times and
+  // MobileNetV2's channels-last ones 0.91-1.05 times (three runs).
   const CpuCalibration calibration = cpu_calibration();
-  const bool channels_last_data = args.input_strides[1] == 1 && args.grad_output_strides[1] == 1;
-  args.prefetch_next_rows = calibration == CpuCalibration::Avx512Bf16 ||
-                            (calibration == CpuCalibration::Avx512 && !channels_last_data);
+  args.prefetch_next_rows = calibration == CpuCalibration::Avx512Bf16 || calibration == CpuCalibration::Avx512;
   // Depthwise channels-first planes on AVX512_BF16 dot products, output row
   // by output row, where the channels-last kernel would transpose them:
   // against that, MobileNetV2's 3x3 layers (N=16, stride 1) ran 1.37-1.59

@@ -197,15 +197,65 @@ void stage_phases(const T* source, int64_t element_stride, int64_t size, int64_t
   }
 }
 
-// Prefetches (into L2) part `part` of `parts` of the bytes [begin, begin + bytes):
-// channels_last fetches the coming rows piecewise while its tiles run, so
-// that memory reads overlap the FMAs.
-inline void prefetch_part(const void* begin, int64_t bytes, int64_t part, int64_t parts) {
-  constexpr int64_t kLine = 64;
-  const char* data = static_cast<const char*>(begin);
-  for (int64_t offset = bytes * part / parts / kLine * kLine; offset < bytes * (part + 1) / parts; offset += kLine)
-    __builtin_prefetch(data + offset, 0, 1);
-}
+// Lines to prefetch (into L2) while a block's tiles run: sets of `count`
+// byte ranges `pitch` apart (a channel's row each on channels-first data, a
+// single piece of whole rows on channels-last data), issued a few lines at a
+// time from inside the tiles' loops. Issued all at once before the tiles,
+// they stall the core: a prefetch that misses holds one of the few line-fill
+// buffers, and the next waits for a free one while no FMA retires behind it.
+class PrefetchQueue {
+ public:
+  static constexpr int kMostRanges = 5;  // a grad_output row and up to 4 input rows
+  void clear() { ranges_ = 0, range_ = 0, item_ = 0, lines_ = 0, per_step_ = 0, next_ = nullptr; }
+  void add(const void* begin, int64_t bytes, int64_t count = 1, int64_t pitch = 0) {
+    if (bytes <= 0 || count <= 0 || ranges_ == kMostRanges) return;
+    const auto first = reinterpret_cast<std::uintptr_t>(begin) & ~std::uintptr_t{kLine - 1};
+    ranges_list_[ranges_++] = {reinterpret_cast<const char*>(first),
+                               static_cast<int64_t>(reinterpret_cast<std::uintptr_t>(begin) + bytes - first), count,
+                               pitch};
+    lines_ += count * ((ranges_list_[ranges_ - 1].bytes + kLine - 1) / kLine);
+    if (ranges_ == 1) start_item();
+  }
+  // Spreads the queued lines over `steps` calls of step().
+  void spread_over(int64_t steps) { per_step_ = steps > 0 ? (lines_ + steps - 1) / steps : lines_; }
+  void step() {
+    for (int64_t k = 0; k < per_step_ && next_; ++k) issue();
+  }
+  void drain() {
+    while (next_) issue();
+    clear();
+  }
+
+ private:
+  static constexpr int64_t kLine = 64;
+  struct Range {
+    const char* begin;
+    int64_t bytes, count, pitch;
+  };
+  void start_item() {
+    const Range& range = ranges_list_[range_];
+    next_ = range.begin + item_ * range.pitch;
+    end_ = next_ + range.bytes;
+  }
+  void issue() {
+    __builtin_prefetch(next_, 0, 1);
+    next_ += kLine;
+    if (next_ < end_) return;
+    if (++item_ == ranges_list_[range_].count) {
+      item_ = 0;
+      if (++range_ == ranges_) {
+        next_ = nullptr;
+        return;
+      }
+    }
+    start_item();
+  }
+  Range ranges_list_[kMostRanges];
+  int ranges_ = 0, range_ = 0;
+  int64_t item_ = 0, lines_ = 0, per_step_ = 0;
+  const char* next_ = nullptr;
+  const char* end_ = nullptr;
+};
 
 // ---------------------------------------------------------------------------
 // channels_last: lanes are channels, one vector of them (a block) at a time.
@@ -231,12 +281,15 @@ constexpr int kMaxTileRows = 4, kMaxTileCols = 8, kMaxTileTaps = 28;
 constexpr int kMaxTileRows = 3, kMaxTileCols = 8, kMaxTileTaps = 14;
 #endif
 
+// channels_last_tile takes a prefetch step every kPrefetchWindows windows.
+constexpr int64_t kPrefetchWindows = 8;
+
 // acc[r][c][lane] += sum_{j < windows} x_r[j * x_step + c * tap_step][lane] * dy[j * kLanes][lane]
 // for r < kRows input rows and c < kCols taps along the row; with kBroadcast,
 // x_r[...][0] in every lane.
 template <int kRows, int kCols, bool kBroadcast, typename A>
 void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, const A* dy, int64_t windows,
-                        A* const* acc) {
+                        A* const* acc, PrefetchQueue& prefetch) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t kLanes = Vec::size();
   // Few taps sum alternate windows apart, for enough independent FMA chains.
@@ -261,8 +314,10 @@ void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, 
     }
   };
   int64_t j = 0;
-  for (; j + kChains <= windows; j += kChains)
+  for (; j + kChains <= windows; j += kChains) {
+    if (j % kPrefetchWindows == 0) prefetch.step();
     for (int chain = 0; chain < kChains; ++chain) add_window(sums[chain], dy + (j + chain) * kLanes);
+  }
   for (; j < windows; ++j) add_window(sums[0], dy + j * kLanes);
   for (int r = 0; r < kRows; ++r)
     for (int c = 0; c < kCols; ++c) {
@@ -314,7 +369,8 @@ static_assert(kMaxSharedRows <= kMaxTileRows, "shared tiles fill the same row ar
 // for r < kRows input rows and c < kCols taps along the row; `windows` is a
 // multiple of kSharedWindows.
 template <int kRows, int kCols, typename A>
-void channels_last_shared_tile(const A* const* rows, int64_t step, const A* dy, int64_t windows, A* const* acc) {
+void channels_last_shared_tile(const A* const* rows, int64_t step, const A* dy, int64_t windows, A* const* acc,
+                               PrefetchQueue& prefetch) {
   using V = TileVector<A>;
   using Register = typename V::Register;
   constexpr int64_t kLanes = at::vec::Vectorized<A>::size();
@@ -323,6 +379,7 @@ void channels_last_shared_tile(const A* const* rows, int64_t step, const A* dy, 
   for (int r = 0; r < kRows; ++r)
     for (int c = 0; c < kCols; ++c) sums[r][c] = V::load(acc[r] + c * kLanes);
   for (int64_t j = 0; j < windows; j += kSharedWindows) {
+    prefetch.step();
     Register dy_lanes[kSharedWindows];
 #pragma GCC unroll 16
     for (int u = 0; u < kSharedWindows; ++u) dy_lanes[u] = V::load(dy + (j + u) * kLanes);
@@ -776,6 +833,12 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   // Taps along the row in tiles.
   const std::vector<TapRange> cols = tap_tiles(args.kernel[2], kMaxTileCols);
   std::vector<std::vector<TapRange>> row_tiles(cols.size());
+  int64_t row_tiles_of = -1;  // the count of input rows that row_tiles splits
+  // A tile's prefetch steps, and a block's (over which its prefetches spread).
+  const int64_t other_windows = windows - paired_windows - shared_windows;
+  const int64_t tile_steps =
+      shared_windows / kSharedWindows + (other_windows + kPrefetchWindows - 1) / kPrefetchWindows;
+  int64_t block_steps = 0;
 
   struct StagedRow {
     const A* staged;
@@ -786,6 +849,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   std::vector<StagedRow> staged_rows;
   const A* tile_rows[kMaxTileRows];
   A* tile_acc[kMaxTileRows];
+  PrefetchQueue prefetch;
 
   const auto grad_output_row = [&](int64_t n, int64_t y0, int64_t y1) {
     return grad_output + n * dy_strides[0] + y0 * dy_strides[2] + y1 * dy_strides[3];
@@ -794,7 +858,16 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
     return input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3];
   };
   const bool channels_last_data = dy_strides[1] == 1 && x_strides[1] == 1;
-  const auto slot_of = [&](const RowRead& read) { return (read.iz % ring[0]) * ring[1] + read.iy % ring[1]; };
+  // (32-bit divisions where the rows fit: 64-bit ones took a few percent of
+  // MobileNetV2's channels-first time.)
+  const bool small_rows = std::max(args.in[0], args.in[1]) <= INT32_MAX;
+  const auto modulo = [&](int64_t value, int64_t divisor) {
+    return small_rows ? static_cast<int64_t>(static_cast<uint32_t>(value) % static_cast<uint32_t>(divisor))
+                      : value % divisor;
+  };
+  const auto slot_of = [&](const RowRead& read) {
+    return (ring[0] == 1 ? 0 : modulo(read.iz, ring[0])) * ring[1] + modulo(read.iy, ring[1]);
+  };
   const auto row_index = [&](const RowRead& read) { return read.iz * args.in[1] + read.iy; };
   for (int64_t n = sample_begin; n < sample_end; ++n) {
     std::fill(staged_row_of_slot.begin(), staged_row_of_slot.end(), -1);
@@ -849,10 +922,10 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
         const int64_t input_rows = static_cast<int64_t>(staged_rows.size());
         // A coming output row's grad_output row and the input rows it stages
         // first (its last taps' rows, as many as it newly reads: up to the row
-        // stride), a block's share fetched with each block: part of the whole
-        // rows on channels-last data, the block's channels' rows on
+        // stride), a block's share fetched while its tiles run: part of the
+        // whole rows on channels-last data, the block's channels' rows on
         // channels-first data. Channels-first data is fetched two output rows
-        // ahead: there a block's rows are fetched at once, where channels-last
+        // ahead: there a block's rows are all its own, where channels-last
         // data spreads them over the blocks (measured on MobileNetV2's layers,
         // Zen 4, against one row ahead: 1.15-1.35x channels-first, 1.0x
         // channels-last; fetching every new row of stride 2 1.1-1.3x both).
@@ -882,24 +955,35 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
           }
         }
         // Each tile of taps along the row takes the input rows in groups its
-        // registers allow.
-        for (size_t col = 0; col < cols.size(); ++col) {
-          const int64_t most_rows = shared ? std::min<int64_t>(kMaxSharedRows, kMaxSharedTaps / cols[col].count)
-                                           : std::min<int64_t>(kMaxTileRows, kMaxTileTaps / cols[col].count);
-          row_tiles[col] = tap_tiles(input_rows, most_rows);
+        // registers allow (the same until the count of rows read changes, at
+        // the borders).
+        if (input_rows != row_tiles_of) {
+          block_steps = 0;
+          for (size_t col = 0; col < cols.size(); ++col) {
+            const int64_t most_rows = shared ? std::min<int64_t>(kMaxSharedRows, kMaxSharedTaps / cols[col].count)
+                                             : std::min<int64_t>(kMaxTileRows, kMaxTileTaps / cols[col].count);
+            row_tiles[col] = tap_tiles(input_rows, most_rows);
+            block_steps += static_cast<int64_t>(row_tiles[col].size()) * tile_steps;
+          }
+          row_tiles_of = input_rows;
         }
         for (int64_t block = 0; block < blocks; ++block) {
+          prefetch.clear();
           if (channels_last_data) {
-            if (next_dy) prefetch_part(next_dy, dy_span, block, blocks);
+            const auto add_part = [&](const T* row, int64_t span) {
+              const int64_t first = span * block / blocks, last = span * (block + 1) / blocks;
+              prefetch.add(reinterpret_cast<const char*>(row) + first, last - first);
+            };
+            if (next_dy) add_part(next_dy, dy_span);
             for (const T* x : next_x)
-              if (x) prefetch_part(x, x_span, block, blocks);
+              if (x) add_part(x, x_span);
           } else {
-            for (int64_t c = block * kLanes; c < std::min(channels, (block + 1) * kLanes); ++c) {
-              if (next_dy) prefetch_part(next_dy + c * dy_strides[1], dy_span, 0, 1);
-              for (const T* x : next_x)
-                if (x) prefetch_part(x + c * x_strides[1], x_span, 0, 1);
-            }
+            const int64_t first = block * kLanes, count = std::min(channels, (block + 1) * kLanes) - first;
+            if (next_dy) prefetch.add(next_dy + first * dy_strides[1], dy_span, count, dy_strides[1] * sizeof(T));
+            for (const T* x : next_x)
+              if (x) prefetch.add(x + first * x_strides[1], x_span, count, x_strides[1] * sizeof(T));
           }
+          prefetch.spread_over(block_steps);
           const A* dy = staged_grad_output.data() + block * dy_block_pitch + paired_windows * kLanes;
           A* block_acc = acc.data() + block * block_taps * kLanes;
           for (const TapRange& tile : cols) {
@@ -925,7 +1009,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
               }
               if (shared_windows > 0) {
                 with_tile_shape<kMaxSharedRows, kMaxSharedTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
-                  channels_last_shared_tile<kRows, kCols>(tile_rows, stride * kLanes, dy, shared_windows, tile_acc);
+                  channels_last_shared_tile<kRows, kCols>(tile_rows, stride * kLanes, dy, shared_windows, tile_acc,
+                                                          prefetch);
                 });
                 // The last windows, fewer than kSharedWindows.
                 for (int64_t r = 0; r < row_tile.count; ++r) tile_rows[r] += shared_windows * stride * kLanes;
@@ -935,13 +1020,14 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
                 const A* tile_dy = dy + shared_windows * kLanes;
                 if (broadcast)
                   channels_last_tile<kRows, kCols, true>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                         windows - paired_windows - shared_windows, tile_acc);
+                                                         other_windows, tile_acc, prefetch);
                 else
                   channels_last_tile<kRows, kCols, false>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                          windows - paired_windows - shared_windows, tile_acc);
+                                                          other_windows, tile_acc, prefetch);
               });
             }
           }
+          prefetch.drain();
         }
       }
     }
