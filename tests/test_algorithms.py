@@ -1105,7 +1105,9 @@ def test_f32_1d_layer_picks(data_format):
 # ResNet-50's 3x3 channels-first (9.9 ms against gemm's 13.0) and 1x1 64 -> 256 channels-last
 # layers (6.2 against 7.8), and on bf16 as float32 copies for its 3x3 on 14x14 maps (11.4 against
 # 19.4); gemm for the 1x1 channels-first (7.7 against 10.3) and the stride-2 1x1 in bf16 (10.5
-# against 14.1).
+# against 14.1); MKL's product (matmul) for the f32 channels-last 1x1 1024 -> 256 (5.1 against
+# gemm's 5.7) and stride-2 1x1 (10.1 against oneDNN's 10.3), but not for its channels-first twin
+# (5.5 against gemm's 4.5).
 CASCADE_LAKE_PICKS = [
     # (data_format, dtype, C, O, size, kernel, attributes, pick)
     ("NCX", torch.float32, 64, 64, (56, 56), 3, dict(pads_begin=1, pads_end=1), "aten"),
@@ -1113,6 +1115,9 @@ CASCADE_LAKE_PICKS = [
     ("NCX", torch.float32, 64, 256, (56, 56), 1, dict(), "gemm"),
     ("NCX", torch.bfloat16, 256, 256, (14, 14), 3, dict(pads_begin=1, pads_end=1), "aten"),
     ("NXC", torch.bfloat16, 256, 512, (56, 56), 1, dict(strides=2), "gemm"),
+    ("NXC", torch.float32, 1024, 256, (14, 14), 1, dict(), "matmul"),
+    ("NXC", torch.float32, 256, 512, (56, 56), 1, dict(strides=2), "matmul"),
+    ("NCX", torch.float32, 1024, 256, (14, 14), 1, dict(), "gemm"),
 ]
 
 

@@ -8,8 +8,9 @@ algorithm that supports its problem by a cost model measured on each device:
 - ``"aten_channels_first"``: one copy to contiguous NCX memory, then ATen (on CUDA,
   cuDNN's float32 depthwise weight gradient with large kernels is faster there);
 - ``"matmul"``: one ATen matrix product (cuBLAS on CUDA, oneDNN's bf16 matmul
-  on CPUs with AVX-512 BF16) per group over the input's im2col windows, for
-  problems whose windows read no padding;
+  on CPUs with AVX-512 BF16, MKL's float32 product on channels-last data on
+  AVX-512 CPUs without bf16 products) per group over the input's im2col
+  windows, for problems whose windows read no padding;
 - ``"gemm"``: one matrix product per kernel tap over the (sample, spatial) rows,
   on the data as given or packed once into zero-padded channels-last planes;
 - ``"depthwise"``: a vectorised CPU kernel for ``groups == channels``;

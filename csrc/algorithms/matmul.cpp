@@ -202,8 +202,21 @@ at::Tensor run(const Problem& problem) {
   return problem.finish(canonical);
 }
 
-// Estimated seconds on CUDA, and for bf16 on AVX-512 CPUs with AVX512_BF16
-// but no AMX (elsewhere it runs only when forced).
+// Whether the CPU cost model below has float32 rates for this problem: MKL's
+// product on an AVX-512 CPU without bf16 products (the Cascade Lake's
+// calibration), ungrouped, on channels-last data. On channels-first data the
+// copies regroup whole planes and `gemm` ran faster on every benchmark layer
+// (1.1-2x); f16/bf16, copied to float32 first, ran slower than `gemm`'s
+// conversion panel by panel (0.6-0.95x).
+bool costed_f32_on_cpu(const Problem& problem, const Geometry& g, const OperandView& windows,
+                       const OperandView& grad_output) {
+  return problem.input.is_cpu() && problem.input.scalar_type() == at::kFloat && g.groups == 1 &&
+         cpu_calibration() == CpuCalibration::Avx512 && windows.rows_first && grad_output.rows_first;
+}
+
+// Estimated seconds on CUDA, for bf16 on AVX-512 CPUs with AVX512_BF16 but no
+// AMX, and for float32 where costed_f32_on_cpu (elsewhere it runs only when
+// forced).
 //
 // Measured on an H100 (torch 2.11, GPU time, the benchmark's 1x1 layers at
 // batch 64, 2026-11-24): cuBLAS multiplied f16/bf16 at 330-380 TFLOP/s where
@@ -218,8 +231,9 @@ at::Tensor run(const Problem& problem) {
 // benchmark's roofline's (400 TFLOP/s on square products), halved.
 double cost(const Problem& problem, const Geometry& g) {
   const bool cpu_bf16 = multiplies_bf16_on_cpu(problem, g) && cpu_calibration() == CpuCalibration::Avx512Bf16;
-  if (!problem.input.is_cuda() && !cpu_bf16) return 1e30;
   const OperandView windows = windows_of(problem, g), grad_output = grad_output_of(problem, g);
+  const bool cpu_f32 = costed_f32_on_cpu(problem, g, windows, grad_output);
+  if (!problem.input.is_cuda() && !cpu_bf16 && !cpu_f32) return 1e30;
   const at::ScalarType dtype = problem.input.scalar_type();
   const double element_size = problem.input.element_size();
   const double stored_size =
@@ -246,6 +260,19 @@ double cost(const Problem& problem, const Geometry& g) {
     const double columns = static_cast<double>(g.in_channels / g.groups) * g.taps();
     const double macs_per_second = 160e9 * width(static_cast<double>(g.out_channels / g.groups)) * width(columns);
     return 15e-6 + copy_bytes / 30e9 + g.macs() / macs_per_second;
+  }
+  if (cpu_f32) {
+    // Measured on an Intel Xeon (Cascade Lake, 2 threads, 2026-11-27): MKL's
+    // f32 product ran at 92-98 GMAC/s with both sides 256 or wider, 82 with
+    // 128 output channels (U-Net) and 56 with 64 columns (ResNet-50's 1x1 64
+    // -> 256); the windows' copies (a stride, or U-Net's 2x2 taps) moved 20-31
+    // GB/s, read and written. It beat the other algorithms on ResNet-50's 1x1
+    // 1024 -> 256 (5.1 against gemm's 5.7 ms) and stride-2 1x1 (10.1 against
+    // oneDNN's 10.3) layers and U-Net's (3.0 against 3.5).
+    const auto width = [](double channels) { return std::min(1.0, (channels + 200) / 400); };
+    const double columns = static_cast<double>(g.in_channels) * g.taps();
+    const double macs_per_second = 95e9 * width(static_cast<double>(g.out_channels)) * width(columns);
+    return 15e-6 + copy_bytes / 25e9 + g.macs() / macs_per_second;
   }
   constexpr double kCopyBytesPerSecond = 1.4e12;
   constexpr double kReadBytesPerSecond = 2.4e12;
