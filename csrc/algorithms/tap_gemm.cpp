@@ -109,7 +109,9 @@ void tap_products(TapElement element, const void* a, int64_t lda, const void* b,
 
 void transpose_to_rows(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows,
                        int64_t element_size) {
-  const auto transpose = cpu_runs_avx2_kernels() ? kernel::AVX2::transpose : kernel::DEFAULT::transpose;
+  const auto transpose = cpu_is_avx512()           ? kernel::AVX512::transpose
+                         : cpu_runs_avx2_kernels() ? kernel::AVX2::transpose
+                                                   : kernel::DEFAULT::transpose;
   transpose(src, src_ld, dst, dst_ld, columns, rows, element_size);
 }
 
