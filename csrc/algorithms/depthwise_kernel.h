@@ -462,11 +462,12 @@ constexpr int kSharedPairs = 4;
 // `pairs` is a multiple of kSharedPairs.
 template <int kCols>
 TORCH_CONVGRAD_BF16_PAIRS_TARGET void channels_last_pair_tile(const uint16_t* x2, int64_t step, const uint16_t* dy2,
-                                                              int64_t pairs, float* acc) {
+                                                              int64_t pairs, float* acc, PrefetchQueue& prefetch) {
   constexpr int kPixels = 2 * kSharedPairs + kCols - 2;
   __m512 sums[kCols];
   for (int c = 0; c < kCols; ++c) sums[c] = _mm512_loadu_ps(acc + c * 16);
   for (int64_t i = 0; i < pairs; i += kSharedPairs) {
+    prefetch.step();
     __m512 dy_pairs[kSharedPairs];
 #pragma GCC unroll 8
     for (int u = 0; u < kSharedPairs; ++u) dy_pairs[u] = _mm512_loadu_ps(dy2 + (i + u) * kPairWords);
@@ -808,6 +809,11 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   const int64_t other_windows = windows - paired_windows - shared_windows;
   const int64_t tile_steps =
       shared_windows / kSharedWindows + (other_windows + kPrefetchWindows - 1) / kPrefetchWindows;
+#if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
+  const int64_t pair_steps = pairs / kSharedPairs;
+#else
+  const int64_t pair_steps = 0;
+#endif
   int64_t block_steps = 0;
 
   struct StagedRow {
@@ -933,7 +939,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
             const int64_t most_rows = shared ? std::min<int64_t>(kMaxSharedRows, kMaxSharedTaps / cols[col].count)
                                              : std::min<int64_t>(kMaxTileRows, kMaxTileTaps / cols[col].count);
             row_tiles[col] = tap_tiles(input_rows, most_rows);
-            block_steps += static_cast<int64_t>(row_tiles[col].size()) * tile_steps;
+            // The pair tiles take a row each, a step every kSharedPairs pairs.
+            block_steps += static_cast<int64_t>(row_tiles[col].size()) * tile_steps + input_rows * pair_steps;
           }
           row_tiles_of = input_rows;
         }
@@ -965,7 +972,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
                 const uint16_t* dy2 = paired_grad_output.data() + block * pairs * kPairWords;
                 A* row_acc = block_acc + (row.tap + tile.first) * kLanes;
                 with_count<kMaxTileCols>(tile.count, [&]<int kCols>() {
-                  channels_last_pair_tile<kCols>(x2, stride * kPairWords, dy2, pairs, row_acc);
+                  channels_last_pair_tile<kCols>(x2, stride * kPairWords, dy2, pairs, row_acc, prefetch);
                 });
               }
 #endif
