@@ -271,9 +271,11 @@ class PrefetchQueue {
 // once, in address order. Each input row is staged once and kept in a ring
 // while the output rows that read it pass; the hardware prefetchers follow
 // the staging's reads, and on some CPUs software prefetches of the coming
-// rows help them (Args::prefetch_next_rows). A tile keeps the sums of up to
-// kMaxTileTaps taps (several input rows times several taps along the row) in
-// registers, so one grad_output load serves them all.
+// rows help them (Args::prefetch_next_rows). A grad_output row that needs no
+// conversion, padding or transposition (channels-last, in the accumulation
+// type, whole vectors of channels) is read in place. A tile keeps the sums
+// of up to kMaxTileTaps taps (several input rows times several taps along
+// the row) in registers, so one grad_output load serves them all.
 // ---------------------------------------------------------------------------
 
 // The tile's sums, the grad_output vector and an input vector fill the
@@ -292,8 +294,8 @@ constexpr int64_t kPrefetchWindows = 8;
 // for r < kRows input rows and c < kCols taps along the row; with kBroadcast,
 // x_r[...][0] in every lane.
 template <int kRows, int kCols, bool kBroadcast, typename A>
-void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, const A* dy, int64_t windows,
-                        A* const* acc, PrefetchQueue& prefetch) {
+void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, const A* dy, int64_t dy_step,
+                        int64_t windows, A* const* acc, PrefetchQueue& prefetch) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t kLanes = Vec::size();
   // Few taps sum alternate windows apart, for enough independent FMA chains.
@@ -320,9 +322,9 @@ void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, 
   int64_t j = 0;
   for (; j + kChains <= windows; j += kChains) {
     if (j % kPrefetchWindows == 0) prefetch.step();
-    for (int chain = 0; chain < kChains; ++chain) add_window(sums[chain], dy + (j + chain) * kLanes);
+    for (int chain = 0; chain < kChains; ++chain) add_window(sums[chain], dy + (j + chain) * dy_step);
   }
-  for (; j < windows; ++j) add_window(sums[0], dy + j * kLanes);
+  for (; j < windows; ++j) add_window(sums[0], dy + j * dy_step);
   for (int r = 0; r < kRows; ++r)
     for (int c = 0; c < kCols; ++c) {
       for (int chain = 1; chain < kChains; ++chain) sums[0][r][c] = sums[0][r][c] + sums[chain][r][c];
@@ -373,8 +375,8 @@ static_assert(kMaxSharedRows <= kMaxTileRows, "shared tiles fill the same row ar
 // for r < kRows input rows and c < kCols taps along the row; `windows` is a
 // multiple of kSharedWindows.
 template <int kRows, int kCols, typename A>
-void channels_last_shared_tile(const A* const* rows, int64_t step, const A* dy, int64_t windows, A* const* acc,
-                               PrefetchQueue& prefetch) {
+void channels_last_shared_tile(const A* const* rows, int64_t step, const A* dy, int64_t dy_step, int64_t windows,
+                               A* const* acc, PrefetchQueue& prefetch) {
   using V = TileVector<A>;
   using Register = typename V::Register;
   constexpr int64_t kLanes = at::vec::Vectorized<A>::size();
@@ -386,7 +388,7 @@ void channels_last_shared_tile(const A* const* rows, int64_t step, const A* dy, 
     prefetch.step();
     Register dy_lanes[kSharedWindows];
 #pragma GCC unroll 16
-    for (int u = 0; u < kSharedWindows; ++u) dy_lanes[u] = V::load(dy + (j + u) * kLanes);
+    for (int u = 0; u < kSharedWindows; ++u) dy_lanes[u] = V::load(dy + (j + u) * dy_step);
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
       const A* x = rows[r] + j * step;
@@ -834,6 +836,12 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
     return input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3];
   };
   const bool channels_last_data = dy_strides[1] == 1 && x_strides[1] == 1;
+  // Channels-last grad_output of the accumulation type whose channels fill
+  // whole vectors is read in place, a window's vector every dy_step: on the
+  // Cascade Lake, MobileNetV2's f32 layers ran 1.02-1.16x as fast and
+  // ConvNeXt's 1.02-1.07x as with the rows staged (2 threads, interleaved).
+  const bool dy_in_place = std::is_same_v<T, A> && dy_strides[1] == 1 && channels % kLanes == 0;
+  const int64_t dy_step = dy_in_place ? dy_strides[4] : kLanes;
   // (32-bit divisions where the rows fit: 64-bit ones took a few percent of
   // MobileNetV2's channels-first time.)
   const bool small_rows = std::max(args.in[0], args.in[1]) <= INT32_MAX;
@@ -849,7 +857,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
     std::fill(staged_row_of_slot.begin(), staged_row_of_slot.end(), -1);
     for (int64_t y0 = 0; y0 < args.out[0]; ++y0) {
       for (int64_t y1 = 0; y1 < args.out[1]; ++y1) {
-        if (float_windows_from < windows)
+        if (float_windows_from < windows && !dy_in_place)
           stage_channels(grad_output_row(n, y0, y1) + float_windows_from * dy_strides[4], dy_strides[1],
                          dy_strides[4], channels, windows - float_windows_from, float_windows_from, dy_block_pitch,
                          staged_grad_output.data());
@@ -961,7 +969,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
               if (x) prefetch.add(x + first * x_strides[1], x_span, count, x_strides[1] * sizeof(T));
           }
           prefetch.spread_over(block_steps);
-          const A* dy = staged_grad_output.data() + block * dy_block_pitch + paired_windows * kLanes;
+          const A* dy = dy_in_place ? reinterpret_cast<const A*>(grad_output_row(n, y0, y1)) + block * kLanes
+                                    : staged_grad_output.data() + block * dy_block_pitch + paired_windows * kLanes;
           A* block_acc = acc.data() + block * block_taps * kLanes;
           for (const TapRange& tile : cols) {
 #if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
@@ -986,21 +995,21 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
               }
               if (shared_windows > 0) {
                 with_tile_shape<kMaxSharedRows, kMaxSharedTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
-                  channels_last_shared_tile<kRows, kCols>(tile_rows, stride * kLanes, dy, shared_windows, tile_acc,
-                                                          prefetch);
+                  channels_last_shared_tile<kRows, kCols>(tile_rows, stride * kLanes, dy, dy_step, shared_windows,
+                                                          tile_acc, prefetch);
                 });
                 // The last windows, fewer than kSharedWindows.
                 for (int64_t r = 0; r < row_tile.count; ++r) tile_rows[r] += shared_windows * stride * kLanes;
               }
               if (paired_windows + shared_windows == windows) continue;
               with_tile_shape<kMaxTileRows, kMaxTileTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
-                const A* tile_dy = dy + shared_windows * kLanes;
+                const A* tile_dy = dy + shared_windows * dy_step;
                 if (broadcast)
                   channels_last_tile<kRows, kCols, true>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                         other_windows, tile_acc, prefetch);
+                                                         dy_step, other_windows, tile_acc, prefetch);
                 else
                   channels_last_tile<kRows, kCols, false>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                          other_windows, tile_acc, prefetch);
+                                                          dy_step, other_windows, tile_acc, prefetch);
               });
             }
           }
