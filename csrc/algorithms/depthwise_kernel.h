@@ -272,8 +272,8 @@ class PrefetchQueue {
 // while the output rows that read it pass; the hardware prefetchers follow
 // the staging's reads, and on some CPUs software prefetches of the coming
 // rows help them (Args::prefetch_next_rows). A grad_output row that needs no
-// conversion, padding or transposition (channels-last, in the accumulation
-// type, whole vectors of channels) is read in place. A tile keeps the sums
+// padding or transposition (channels-last, whole vectors of channels) is
+// read in place, converted as the tiles load it. A tile keeps the sums
 // of up to kMaxTileTaps taps (several input rows times several taps along
 // the row) in registers, so one grad_output load serves them all.
 // ---------------------------------------------------------------------------
@@ -290,11 +290,11 @@ constexpr int kMaxTileRows = 3, kMaxTileCols = 8, kMaxTileTaps = 14;
 // channels_last_tile takes a prefetch step every kPrefetchWindows windows.
 constexpr int64_t kPrefetchWindows = 8;
 
-// acc[r][c][lane] += sum_{j < windows} x_r[j * x_step + c * tap_step][lane] * dy[j * kLanes][lane]
+// acc[r][c][lane] += sum_{j < windows} x_r[j * x_step + c * tap_step][lane] * dy[j * dy_step][lane]
 // for r < kRows input rows and c < kCols taps along the row; with kBroadcast,
-// x_r[...][0] in every lane.
-template <int kRows, int kCols, bool kBroadcast, typename A>
-void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, const A* dy, int64_t dy_step,
+// x_r[...][0] in every lane. dy holds the accumulation type or the data's.
+template <int kRows, int kCols, bool kBroadcast, typename A, typename D>
+void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, const D* dy, int64_t dy_step,
                         int64_t windows, A* const* acc, PrefetchQueue& prefetch) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t kLanes = Vec::size();
@@ -309,8 +309,8 @@ void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, 
       for (int chain = 1; chain < kChains; ++chain) sums[chain][r][c] = Vec(A(0));
     }
   }
-  const auto add_window = [&](Vec(&chain_sums)[kRows][kCols], const A* dy_window) {
-    const Vec dy_lanes = Vec::loadu(dy_window);
+  const auto add_window = [&](Vec(&chain_sums)[kRows][kCols], const D* dy_window) {
+    const Vec dy_lanes = load_lanes(dy_window);
     for (int r = 0; r < kRows; ++r) {
       for (int c = 0; c < kCols; ++c) {
         const A* source = x[r] + c * tap_step;
@@ -342,6 +342,10 @@ template <typename A>
 struct TileVector {
   using Register = at::vec::Vectorized<A>;
   static Register load(const A* source) { return Register::loadu(source); }
+  template <typename T>
+  static Register load_lanes(const T* source) {
+    return ::torch_convgrad::depthwise_kernel::CPU_CAPABILITY::load_lanes(source);
+  }
   static void store(A* target, Register value) { value.store(target); }
   static Register fmadd(Register a, Register b, Register c) { return at::vec::fmadd(a, b, c); }
 };
@@ -350,6 +354,10 @@ template <>
 struct TileVector<float> {
   using Register = __m512;
   static Register load(const float* source) { return _mm512_loadu_ps(source); }
+  template <typename T>
+  static Register load_lanes(const T* source) {
+    return ::torch_convgrad::depthwise_kernel::CPU_CAPABILITY::load_lanes(source);
+  }
   static void store(float* target, Register value) { _mm512_storeu_ps(target, value); }
   static Register fmadd(Register a, Register b, Register c) { return _mm512_fmadd_ps(a, b, c); }
 };
@@ -371,11 +379,11 @@ constexpr int kSharedWindows = 4, kMaxSharedRows = 1, kMaxSharedTaps = 8;
 #endif
 static_assert(kMaxSharedRows <= kMaxTileRows, "shared tiles fill the same row arrays");
 
-// acc[r][c][lane] += sum_{j < windows} x_r[(j + c) * step][lane] * dy[j * kLanes][lane]
+// acc[r][c][lane] += sum_{j < windows} x_r[(j + c) * step][lane] * dy[j * dy_step][lane]
 // for r < kRows input rows and c < kCols taps along the row; `windows` is a
-// multiple of kSharedWindows.
-template <int kRows, int kCols, typename A>
-void channels_last_shared_tile(const A* const* rows, int64_t step, const A* dy, int64_t dy_step, int64_t windows,
+// multiple of kSharedWindows. dy holds the accumulation type or the data's.
+template <int kRows, int kCols, typename A, typename D>
+void channels_last_shared_tile(const A* const* rows, int64_t step, const D* dy, int64_t dy_step, int64_t windows,
                                A* const* acc, PrefetchQueue& prefetch) {
   using V = TileVector<A>;
   using Register = typename V::Register;
@@ -388,7 +396,7 @@ void channels_last_shared_tile(const A* const* rows, int64_t step, const A* dy, 
     prefetch.step();
     Register dy_lanes[kSharedWindows];
 #pragma GCC unroll 16
-    for (int u = 0; u < kSharedWindows; ++u) dy_lanes[u] = V::load(dy + (j + u) * dy_step);
+    for (int u = 0; u < kSharedWindows; ++u) dy_lanes[u] = V::load_lanes(dy + (j + u) * dy_step);
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
       const A* x = rows[r] + j * step;
@@ -836,11 +844,12 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
     return input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3];
   };
   const bool channels_last_data = dy_strides[1] == 1 && x_strides[1] == 1;
-  // Channels-last grad_output of the accumulation type whose channels fill
-  // whole vectors is read in place, a window's vector every dy_step: on the
-  // Cascade Lake, MobileNetV2's f32 layers ran 1.02-1.16x as fast and
-  // ConvNeXt's 1.02-1.07x as with the rows staged (2 threads, interleaved).
-  const bool dy_in_place = std::is_same_v<T, A> && dy_strides[1] == 1 && channels % kLanes == 0;
+  // Channels-last grad_output whose channels fill whole vectors is read in
+  // place (converted as the tiles load it), a window's vector every dy_step,
+  // unless bf16 pairs read it. Against staged rows on the Cascade Lake (2
+  // threads, interleaved): MobileNetV2's layers 1.02-1.16x as fast in f32,
+  // 1.17-1.19x in bf16/f16 (stride 2: 1.03-1.16x), ConvNeXt's 0.99-1.07x.
+  const bool dy_in_place = dy_strides[1] == 1 && channels % kLanes == 0 && pairs == 0;
   const int64_t dy_step = dy_in_place ? dy_strides[4] : kLanes;
   // (32-bit divisions where the rows fit: 64-bit ones took a few percent of
   // MobileNetV2's channels-first time.)
@@ -969,8 +978,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
               if (x) prefetch.add(x + first * x_strides[1], x_span, count, x_strides[1] * sizeof(T));
           }
           prefetch.spread_over(block_steps);
-          const A* dy = dy_in_place ? reinterpret_cast<const A*>(grad_output_row(n, y0, y1)) + block * kLanes
-                                    : staged_grad_output.data() + block * dy_block_pitch + paired_windows * kLanes;
+          const T* dy_row = dy_in_place ? grad_output_row(n, y0, y1) + block * kLanes : nullptr;
+          const A* dy_staged = staged_grad_output.data() + block * dy_block_pitch + paired_windows * kLanes;
           A* block_acc = acc.data() + block * block_taps * kLanes;
           for (const TapRange& tile : cols) {
 #if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
@@ -986,32 +995,39 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
               }
 #endif
             if (paired_windows == windows) continue;
-            for (const TapRange& row_tile : row_tiles[&tile - cols.data()]) {
-              for (int64_t r = 0; r < row_tile.count; ++r) {
-                const StagedRow& row = staged_rows[row_tile.first + r];
-                tile_rows[r] =
-                    row.staged + block * block_pitch + (tile.first * dilation + paired_windows * stride) * kLanes;
-                tile_acc[r] = block_acc + (row.tap + tile.first) * kLanes;
-              }
-              if (shared_windows > 0) {
-                with_tile_shape<kMaxSharedRows, kMaxSharedTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
-                  channels_last_shared_tile<kRows, kCols>(tile_rows, stride * kLanes, dy, dy_step, shared_windows,
-                                                          tile_acc, prefetch);
+            const auto float_tiles = [&](const auto* dy) {
+              for (const TapRange& row_tile : row_tiles[&tile - cols.data()]) {
+                for (int64_t r = 0; r < row_tile.count; ++r) {
+                  const StagedRow& row = staged_rows[row_tile.first + r];
+                  tile_rows[r] =
+                      row.staged + block * block_pitch + (tile.first * dilation + paired_windows * stride) * kLanes;
+                  tile_acc[r] = block_acc + (row.tap + tile.first) * kLanes;
+                }
+                if (shared_windows > 0) {
+                  with_tile_shape<kMaxSharedRows, kMaxSharedTaps>(
+                      row_tile.count, tile.count, [&]<int kRows, int kCols>() {
+                        channels_last_shared_tile<kRows, kCols>(tile_rows, stride * kLanes, dy, dy_step,
+                                                                shared_windows, tile_acc, prefetch);
+                      });
+                  // The last windows, fewer than kSharedWindows.
+                  for (int64_t r = 0; r < row_tile.count; ++r) tile_rows[r] += shared_windows * stride * kLanes;
+                }
+                if (paired_windows + shared_windows == windows) continue;
+                with_tile_shape<kMaxTileRows, kMaxTileTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
+                  const auto* tile_dy = dy + shared_windows * dy_step;
+                  if (broadcast)
+                    channels_last_tile<kRows, kCols, true>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
+                                                           dy_step, other_windows, tile_acc, prefetch);
+                  else
+                    channels_last_tile<kRows, kCols, false>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
+                                                            dy_step, other_windows, tile_acc, prefetch);
                 });
-                // The last windows, fewer than kSharedWindows.
-                for (int64_t r = 0; r < row_tile.count; ++r) tile_rows[r] += shared_windows * stride * kLanes;
               }
-              if (paired_windows + shared_windows == windows) continue;
-              with_tile_shape<kMaxTileRows, kMaxTileTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
-                const A* tile_dy = dy + shared_windows * dy_step;
-                if (broadcast)
-                  channels_last_tile<kRows, kCols, true>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                         dy_step, other_windows, tile_acc, prefetch);
-                else
-                  channels_last_tile<kRows, kCols, false>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                          dy_step, other_windows, tile_acc, prefetch);
-              });
-            }
+            };
+            if (dy_in_place)
+              float_tiles(dy_row);
+            else
+              float_tiles(dy_staged);
           }
           prefetch.drain();
         }
