@@ -201,7 +201,7 @@ void stage_phases(const T* source, int64_t element_stride, int64_t size, int64_t
   }
 }
 
-// Lines to prefetch (into L2) while a block's tiles run: sets of `count`
+// Lines to prefetch (into L2) while the tiles run: sets of `count`
 // byte ranges `pitch` apart (a channel's row each on channels-first data, a
 // single piece of whole rows on channels-last data), issued a few lines at a
 // time from inside the tiles' loops. Issued all at once before the tiles,
@@ -915,11 +915,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
         const int64_t input_rows = static_cast<int64_t>(staged_rows.size());
         // A coming output row's grad_output row and the input rows it stages
         // first (its last taps' rows, as many as it newly reads: up to the row
-        // stride), a block's share fetched while its tiles run: part of the
-        // whole rows on channels-last data, the block's channels' rows on
-        // channels-first data. Channels-first data is fetched two output rows
-        // ahead: there a block's rows are all its own, where channels-last
-        // data spreads them over the blocks (measured on MobileNetV2's layers,
+        // stride), fetched while the tiles run. Channels-first data is fetched
+        // two output rows ahead (measured on MobileNetV2's layers,
         // Zen 4, against one row ahead: 1.15-1.35x channels-first, 1.0x
         // channels-last; fetching every new row of stride 2 1.1-1.3x both).
         constexpr int64_t kMostPrefetchedRows = 4;
@@ -961,23 +958,15 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
           }
           row_tiles_of = input_rows;
         }
+        // Whole rows on channels-last data, every channel's row on
+        // channels-first data, spread over all the blocks' tiles.
+        prefetch.clear();
+        const int64_t rows_of = channels_last_data ? 1 : channels;
+        if (next_dy) prefetch.add(next_dy, dy_span, rows_of, dy_strides[1] * sizeof(T));
+        for (const T* x : next_x)
+          if (x) prefetch.add(x, x_span, rows_of, x_strides[1] * sizeof(T));
+        prefetch.spread_over(block_steps * blocks);
         for (int64_t block = 0; block < blocks; ++block) {
-          prefetch.clear();
-          if (channels_last_data) {
-            const auto add_part = [&](const T* row, int64_t span) {
-              const int64_t first = span * block / blocks, last = span * (block + 1) / blocks;
-              prefetch.add(reinterpret_cast<const char*>(row) + first, last - first);
-            };
-            if (next_dy) add_part(next_dy, dy_span);
-            for (const T* x : next_x)
-              if (x) add_part(x, x_span);
-          } else {
-            const int64_t first = block * kLanes, count = std::min(channels, (block + 1) * kLanes) - first;
-            if (next_dy) prefetch.add(next_dy + first * dy_strides[1], dy_span, count, dy_strides[1] * sizeof(T));
-            for (const T* x : next_x)
-              if (x) prefetch.add(x + first * x_strides[1], x_span, count, x_strides[1] * sizeof(T));
-          }
-          prefetch.spread_over(block_steps);
           const T* dy_row = dy_in_place ? grad_output_row(n, y0, y1) + block * kLanes : nullptr;
           const A* dy_staged = staged_grad_output.data() + block * dy_block_pitch + paired_windows * kLanes;
           A* block_acc = acc.data() + block * block_taps * kLanes;
@@ -1029,8 +1018,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
             else
               float_tiles(dy_staged);
           }
-          prefetch.drain();
         }
+        prefetch.drain();
       }
     }
   }
