@@ -7,8 +7,10 @@ GPU time) and prints which was fastest and which the selector picks. On CUDA it 
 layout copy alone: the ``_batched_transpose`` kernel against ATen's strided copy on each
 layer's input, in bytes read and written per second.
 
-    python benchmarks/forced_algorithms.py [--device cpu|cuda] [--threads N] [--dtypes f32,...]
-        [--repeats R] [--cases SUBSTRING,...] [--json FILE]
+    PYTHONPATH=. python benchmarks/forced_algorithms.py [--device cpu|cuda] [--threads N]
+        [--dtypes f32,...] [--repeats R] [--block-seconds S] [--cases SUBSTRING,...] [--json FILE]
+
+(from the repository root, with the extension built in place: ``make build``).
 """
 import argparse
 import dataclasses
