@@ -520,7 +520,6 @@ at::vec::Vectorized<A> group_channel(const at::vec::Vectorized<A>& lanes, int64_
   return Vec::loadu(target);
 }
 
-
 // dst[j * ld_dst + i] = src[i * ld_src + j] for i, j < kLanes. ATen's
 // AVX-512 float transpose takes its sizes at run time and is not inlined: it
 // took half of MobileNetV2's channels-first f32 time here; with
@@ -765,7 +764,6 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   const int64_t block_pitch = copies * input_block_pitch, slot_pitch = blocks * block_pitch;
   LineAlignedBuffer<A> staged_input(ring[0] * ring[1] * slot_pitch);
   std::vector<int64_t> staged_row_of_slot(ring[0] * ring[1]);
-  LineAlignedBuffer<A> staged_grad_output(blocks * dy_block_pitch);
   // acc[block][i][tap][lane]
   const int64_t block_taps = group_channels * taps;
   std::vector<A> acc(blocks * block_taps * kLanes, A(0));
@@ -788,6 +786,16 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   const int64_t paired_slot_pitch = blocks * pair_pixels * kPairWords;
   LineAlignedBuffer<uint16_t> paired_input(ring[0] * ring[1] * paired_slot_pitch);
   LineAlignedBuffer<uint16_t> paired_grad_output(blocks * pairs * kPairWords);
+  // Channels-last grad_output whose channels fill whole vectors is read in
+  // place (converted as the tiles load it), a window's vector every dy_step,
+  // unless bf16 pairs read it. Against staged rows on the Cascade Lake (2
+  // threads, interleaved): MobileNetV2's layers 1.02-1.16x as fast in f32,
+  // 1.17-1.19x in bf16/f16 (stride 2: 1.03-1.16x), ConvNeXt's 0.99-1.07x.
+  const bool dy_in_place = dy_strides[1] == 1 && channels % kLanes == 0 && pairs == 0;
+  const int64_t dy_step = dy_in_place ? dy_strides[4] : kLanes;
+  // Staged grad_output rows, staged_grad_output[block][window][lane], where
+  // they are not read in place.
+  LineAlignedBuffer<A> staged_grad_output(dy_in_place ? 0 : blocks * dy_block_pitch);
   const int64_t shared_windows = shared ? (windows - paired_windows) / kSharedWindows * kSharedWindows : 0;
   // Pairs staged straight from the data (stage_pair_row) where it takes
   // them, else from the float staging of the whole row (stage_pairs). The
@@ -844,13 +852,6 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
     return input + n * x_strides[0] + read.iz * x_strides[2] + read.iy * x_strides[3];
   };
   const bool channels_last_data = dy_strides[1] == 1 && x_strides[1] == 1;
-  // Channels-last grad_output whose channels fill whole vectors is read in
-  // place (converted as the tiles load it), a window's vector every dy_step,
-  // unless bf16 pairs read it. Against staged rows on the Cascade Lake (2
-  // threads, interleaved): MobileNetV2's layers 1.02-1.16x as fast in f32,
-  // 1.17-1.19x in bf16/f16 (stride 2: 1.03-1.16x), ConvNeXt's 0.99-1.07x.
-  const bool dy_in_place = dy_strides[1] == 1 && channels % kLanes == 0 && pairs == 0;
-  const int64_t dy_step = dy_in_place ? dy_strides[4] : kLanes;
   // (32-bit divisions where the rows fit: 64-bit ones took a few percent of
   // MobileNetV2's channels-first time.)
   const bool small_rows = std::max(args.in[0], args.in[1]) <= INT32_MAX;
@@ -968,7 +969,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
         prefetch.spread_over(block_steps * blocks);
         for (int64_t block = 0; block < blocks; ++block) {
           const T* dy_row = dy_in_place ? grad_output_row(n, y0, y1) + block * kLanes : nullptr;
-          const A* dy_staged = staged_grad_output.data() + block * dy_block_pitch + paired_windows * kLanes;
+          const A* dy_staged =
+              dy_in_place ? nullptr : staged_grad_output.data() + block * dy_block_pitch + paired_windows * kLanes;
           A* block_acc = acc.data() + block * block_taps * kLanes;
           for (const TapRange& tile : cols) {
 #if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
