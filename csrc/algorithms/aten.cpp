@@ -128,6 +128,23 @@ std::vector<int64_t> nxc_to_ncx(int64_t dims) {
 // The memory layout ATen gets the data in: as the caller gave it, or copied.
 enum class DataLayout { Given, ChannelsLast, ChannelsFirst };
 
+// Whether NCX data's memory is dense in `layout`'s order, (N, X..., C) for
+// channels-last and (N, C, X...) otherwise, so that LayoutCopy copies nothing.
+bool dense_in(const at::Tensor& ncx, DataLayout layout) {
+  if (layout != DataLayout::ChannelsLast) return ncx.is_contiguous();
+  if (ncx.numel() == 0) return true;
+  int64_t expected = 1;  // the stride of the next dim out in NXC memory
+  const auto dense_at = [&](int64_t dim) {
+    const bool dense = ncx.size(dim) == 1 || ncx.stride(dim) == expected;
+    expected *= ncx.size(dim);
+    return dense;
+  };
+  if (!dense_at(1)) return false;
+  for (int64_t dim = ncx.dim() - 1; dim >= 2; --dim)
+    if (!dense_at(dim)) return false;
+  return dense_at(0);
+}
+
 // The layout copy as the internal op _batched_transpose (one tiled
 // transposition on CUDA), through the dispatcher.
 at::Tensor batched_transpose(const at::Tensor& matrices) {
@@ -151,7 +168,7 @@ double transposition_bytes_per_second(int64_t element_size, int64_t rows) {
 // of its NXC memory's (N, X, C) matrices to channels-first.
 class LayoutCopy {
  public:
-  LayoutCopy(const at::Tensor& ncx, DataLayout layout) {
+  LayoutCopy(const at::Tensor& ncx, DataLayout layout) : needed_(!dense_in(ncx, layout)) {
     const auto to_ncx = nxc_to_ncx(ncx.dim());
     const at::Tensor nxc = ncx.permute(inverse_permutation(to_ncx));
     const bool channels_last = layout == DataLayout::ChannelsLast;
@@ -165,18 +182,16 @@ class LayoutCopy {
     if (at::detail::computeStride(sizes, source.strides(), shape)) matrices_ = source.view(shape);
   }
 
-  // Whether the data is already in this layout's memory order.
-  bool needed() const { return !target_.is_contiguous(); }
-
   // An NCX view of the data in this layout (the data itself if it is).
   at::Tensor run() const {
-    at::Tensor copy = !needed()             ? target_
+    at::Tensor copy = !needed_              ? target_
                       : matrices_.defined() ? batched_transpose(matrices_).view(target_.sizes())
                                             : target_.contiguous();
     return target_to_ncx_.empty() ? copy : copy.permute(target_to_ncx_);
   }
 
  private:
+  bool needed_;  // whether the data is not yet dense in this layout's memory order
   at::Tensor target_;  // the data's dims in the layout's memory order, (N, X..., C) or (N, C, X...)
   std::vector<int64_t> target_to_ncx_;  // empty for the identity
   at::Tensor matrices_;  // (N, R, S) to transpose; undefined where the data's dims do not flatten so
@@ -311,12 +326,14 @@ at::Tensor run_aten(const Problem& problem, const at::Tensor& input, const at::T
   return problem.finish(canonical_in_pieces(problem, input, grad_output, memory_to_ncx));
 }
 
+// Whether ATen takes the data as channels-last (by its channel stride alone).
 bool is_channels_last(const at::Tensor& ncx) { return ncx.dim() < 3 || ncx.stride(1) == 1 || ncx.size(1) == 1; }
 
 bool supports_everything(const Problem&) { return true; }
 
 bool not_yet_channels_last(const Problem& problem) {
-  return !is_channels_last(problem.input) || !is_channels_last(problem.grad_output);
+  return !dense_in(problem.input, DataLayout::ChannelsLast) ||
+         !dense_in(problem.grad_output, DataLayout::ChannelsLast);
 }
 
 // Whether every axis's stride divides its kernel (windows that tile or
@@ -496,10 +513,9 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   return g.macs() / macs_per_second;
 }
 
-bool is_channels_first(const at::Tensor& ncx) { return ncx.is_contiguous(); }
-
 bool not_yet_channels_first(const Problem& problem) {
-  return !is_channels_first(problem.input) || !is_channels_first(problem.grad_output);
+  return !dense_in(problem.input, DataLayout::ChannelsFirst) ||
+         !dense_in(problem.grad_output, DataLayout::ChannelsFirst);
 }
 
 // Seconds of oneDNN's float32 weight gradient on an AVX-512 CPU without bf16
@@ -559,10 +575,7 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   double copy_bytes = 0, cuda_copy_seconds = 0;
   for (const bool is_input : {true, false}) {
     const at::Tensor& data = is_input ? problem.input : problem.grad_output;
-    const bool needed = channels_last ? !is_channels_last(data)
-                        : layout == DataLayout::ChannelsFirst ? !is_channels_first(data)
-                                                               : false;
-    if (!needed) continue;
+    if (layout == DataLayout::Given || dense_in(data, layout)) continue;
     const double bytes = 2.0 * static_cast<double>(data.numel()) * element_size;
     const bool one_pass = transposes_in_one_pass(problem, is_input ? g.in : g.out,
                                                  is_input ? g.input_strides : g.grad_output_strides,
