@@ -638,16 +638,18 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   // 21-36 GB/s (bytes written, twice) on the Sapphire Rapids; on the Zen 4
   // the f16 layers took 0.1-0.8 ms longer than f32 ones on ResNet's 1x1
   // layers at 56x56 and 28x28 (80-440 GB/s so counted; 2026-11-25), 1.1 ms
-  // at 14x14 (15). On the Cascade Lake the f16/bf16 layers took 1.0-1.65
-  // (typically 1.2) times as long as float32 ones, whatever their size
-  // (2026-11-27): counted as 20 GB/s and a fifth of oneDNN's time.
+  // at 14x14 (15). On the Cascade Lake the f16/bf16 layers took longer than
+  // float32 ones by about their copies' bytes at 20 GB/s: 0.5-3.5 ms on the
+  // benchmark's ResNet-50, U-Net and 1-D layers against 0.8-3.9 so counted
+  // (2 threads, interleaved, 2026-11-27). An earlier calibration's added fifth
+  // of oneDNN's time overcounted each by 1-4 ms, and gemm ran in its stead on
+  // ResNet-50's 3x3 64-channel layer at 0.82-0.85 times aten's speed.
   const bool converts = problem.input.scalar_type() == at::kHalf || !runs_bf16_natively(problem.input);
   const double convert_bytes_per_second = calibration == CpuCalibration::Avx512Amx    ? 25e9
                                           : calibration == CpuCalibration::Avx512Bf16 ? 80e9
                                           : calibration == CpuCalibration::Avx512     ? 20e9
                                                                                       : 10e9;
   if (converts) seconds += g.data_bytes(4) * 2 / convert_bytes_per_second;
-  if (converts && calibration == CpuCalibration::Avx512) seconds += 0.2 * onednn_seconds;
   return seconds;
 }
 
