@@ -262,18 +262,36 @@ inline void convert_slab_row(const T* source, int64_t width, float* row) {
   for (int64_t j = 0; j < kTileO; ++j) row[j] = j < width ? to_float(source[j]) : 0.0f;
 }
 
-// Prefetches part `part` of `parts` of rows [first, first + count) of a
-// matrix, columns [begin, end). Inline asm: GCC 12 deletes loops of
-// __builtin_prefetch here as side-effect free.
+// Prefetches rows [row_begin, row_end) of a matrix, columns [begin, end).
+// Inline asm: GCC 12 deletes loops of __builtin_prefetch here as side-effect
+// free.
 template <typename T>
-inline void prefetch_rows(const T* data, int64_t ld, int64_t first, int64_t count, int64_t begin, int64_t end,
-                          int64_t part, int64_t parts) {
+inline void prefetch_rows(const T* data, int64_t ld, int64_t row_begin, int64_t row_end, int64_t begin, int64_t end) {
   constexpr int64_t kLineElements = 64 / sizeof(T);
   // Every line of [begin, end), whatever its alignment: the last step lands on end - 1.
-  for (int64_t r = first + count * part / parts; r < first + count * (part + 1) / parts; ++r)
+  for (int64_t r = row_begin; r < row_end; ++r)
     for (int64_t c = begin; c < end + kLineElements - 1; c += kLineElements)
       asm volatile("prefetcht0 %0" : : "m"(data[r * ld + std::min(c, end - 1)]));
 }
+
+// Rows [first, first + count) handed out in `parts` runs, the first count %
+// parts of them a row longer: a run per tile without a division per tile
+// (64-bit divisions here took 5% of a 3x3 layer's time).
+class RowRuns {
+ public:
+  RowRuns(int64_t first, int64_t count, int64_t parts)
+      : next_(first), length_(count / parts), longer_(count % parts) {}
+  // The next run's first row; the run ends where the following one begins.
+  std::pair<int64_t, int64_t> next() {
+    const int64_t begin = next_;
+    next_ += length_ + (longer_ > 0);
+    longer_ -= longer_ > 0;
+    return {begin, next_};
+  }
+
+ private:
+  int64_t next_, length_, longer_;
+};
 
 // Per chunk of rows, the block's columns of B are copied into slabs (one
 // pass over B's rows, in order) and every m tile passes over each slab. With
@@ -298,6 +316,12 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const int64_t channel_end = first_tap == last_tap ? (m_end - 1) % args.channels_a + 1 : args.channels_a;
   // The block's tap that reads furthest into A, to prefetch from.
   const T* const ahead = a_data + *std::max_element(args.offsets + first_tap, args.offsets + last_tap + 1);
+  // Where each m reads A in the chunk's first row, from the chunk's first row.
+  std::vector<int64_t> m_offsets(m_end - m_begin);
+  for (int64_t m = m_begin, tap = first_tap, channel = m_begin % args.channels_a; m < m_end; ++m) {
+    m_offsets[m - m_begin] = args.offsets[tap] + channel;
+    if (++channel == args.channels_a) channel = 0, ++tap;
+  }
   for (int64_t r0 = 0; r0 < args.rows; r0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, args.rows - r0);
     const bool zero = r0 == 0 && !args.accumulate;
@@ -308,10 +332,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
         convert_slab_row(source + o0, std::min(kTileO, o_end - o0), packed_b.data() + (slab * rows + r) * kTileO);
       }
     }
-    for (int64_t m = m_begin; m < m_end; ++m) {
-      const int64_t tap = m / args.channels_a, channel = m % args.channels_a;
-      a[m - m_begin] = a_data + args.offsets[tap] + r0 * args.lda + channel;
-    }
+    for (int64_t i = 0; i < m_end - m_begin; ++i) a[i] = a_data + m_offsets[i] + r0 * args.lda;
     int64_t lda = args.lda;
     if (pack_a) {
       for (int64_t tile = 0; tile < tiles; ++tile) {
@@ -344,13 +365,13 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
       std::copy(a.begin(), a.end(), a_tiles.begin());
     }
     const int64_t next_rows = std::min(chunk_rows, std::max<int64_t>(0, args.rows - r0 - chunk_rows));
+    RowRuns next_chunk(r0 + rows, next_rows, slabs * tiles);
     for (int64_t slab = 0; slab < slabs; ++slab) {
       const int64_t o0 = o_begin + slab * kTileO, width = std::min(kTileO, o_end - o0);
       for (int64_t tile = 0; tile < tiles; ++tile) {
-        const int64_t part = slab * tiles + tile;
-        prefetch_rows(b_data, args.ldb, r0 + rows, next_rows, o_begin, o_end, part, slabs * tiles);
-        prefetch_rows(ahead, args.lda, r0 + rows, next_rows, channel_begin, channel_end, part,
-                      slabs * tiles);
+        const auto [row_begin, row_end] = next_chunk.next();
+        prefetch_rows(b_data, args.ldb, row_begin, row_end, o_begin, o_end);
+        prefetch_rows(ahead, args.lda, row_begin, row_end, channel_begin, channel_end);
         const int64_t m0 = m_begin + tile * kTileM, height = std::min(kTileM, m_end - m0);
         pick_tile(height, width)(a_tiles.data() + tile * kTileM, lda, packed_b.data() + slab * rows * kTileO, rows,
                                  args.out + m0 * args.channels_b + o0, args.channels_b, width, zero);
