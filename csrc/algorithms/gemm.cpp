@@ -303,13 +303,20 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   // On the Cascade Lake (2026-11-27) the benchmark's 3x3 layers ran at the
   // Zen 4's rates, its 1x1 and strided ones at 0.7-0.9 of them, and those
   // with strides and several taps on channels-first data at 0.55-0.7 (U-Net's,
-  // ResNet-50's stride-2 3x3; the 1-D layer at 0.8).
+  // ResNet-50's stride-2 3x3; the 1-D layer at 0.8). Without the block loop's
+  // divisions (9332bf6) the stride-2 3x3 layer ran channels-first in 1.13
+  // times its channels-last time (0.72 of the Zen 4's rate; U-Net's still at
+  // 0.6; random-order interleaved, two runs): windows that overlap across
+  // phases, where a stride that divides the kernel tiles them.
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
   const bool channels_first = g.in_channels > 1 && g.input_strides[1] != 1;
-  const double cascade_lake = calibration != CpuCalibration::Avx512                   ? 1.0
-                              : strided && g.taps() > 1 && channels_first && g.in[1] > 1 ? 0.6
-                              : g.taps() == 1 || strided                            ? 0.8
-                                                                                    : 1.0;
+  bool strides_divide_kernel = true;
+  for (int64_t axis = 0; axis < 3; ++axis) strides_divide_kernel &= g.kernel[axis] % g.stride[axis] == 0;
+  const double cascade_lake = calibration != CpuCalibration::Avx512 ? 1.0
+                              : strided && g.taps() > 1 && channels_first && g.in[1] > 1
+                                  ? (strides_divide_kernel ? 0.6 : 0.72)
+                              : g.taps() == 1 || strided ? 0.8
+                                                         : 1.0;
   // On the Zen 4 its 1x1 products (N=8, ResNet's layers from 56x56 down to 7x7,
   // 2026-11-25) ran faster the wider B: at 61-66 GMAC/s with 32 columns,
   // 70-82 with 64 and 84-95 with 256 and more on maps of 14x14 and 7x7; on
