@@ -66,6 +66,10 @@ struct Geometry {
 };
 Geometry geometry_of(const Problem& problem);
 
+// Whether every axis's stride divides its kernel (windows that tile or
+// overlap evenly: 1x1 and U-Net's 2x2 with stride 2, DCGAN's 4x4).
+bool strides_divide_kernel(const Geometry& g);
+
 // Whether the spatial axes of a (N, C, X0, X1, X2) tensor with these sizes and
 // strides (Geometry's) flatten into one with stride `unit`.
 bool spatial_flattens(const int64_t (&sizes)[3], const int64_t (&strides)[5], int64_t unit = 1);

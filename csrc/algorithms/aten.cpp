@@ -336,13 +336,6 @@ bool not_yet_channels_last(const Problem& problem) {
          !dense_in(problem.grad_output, DataLayout::ChannelsLast);
 }
 
-// Whether every axis's stride divides its kernel (windows that tile or
-// overlap evenly: 1x1 and U-Net's 2x2 with stride 2, DCGAN's 4x4).
-bool strides_divide_kernel(const Geometry& g) {
-  for (int64_t axis = 0; axis < 3; ++axis)
-    if (g.kernel[axis] % g.stride[axis] != 0) return false;
-  return true;
-}
 
 // Groups of a few channels: oneDNN ran 3x3 layers (N=8, 14x14 to 56x56,
 // 128-512 channels) at 3.5 (2 a group), 5-10 (4) and 20-52 GMAC/s (8) on NXC

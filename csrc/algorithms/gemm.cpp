@@ -310,11 +310,9 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   // phases, where a stride that divides the kernel tiles them.
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
   const bool channels_first = g.in_channels > 1 && g.input_strides[1] != 1;
-  bool strides_divide_kernel = true;
-  for (int64_t axis = 0; axis < 3; ++axis) strides_divide_kernel &= g.kernel[axis] % g.stride[axis] == 0;
   const double cascade_lake = calibration != CpuCalibration::Avx512 ? 1.0
                               : strided && g.taps() > 1 && channels_first && g.in[1] > 1
-                                  ? (strides_divide_kernel ? 0.6 : 0.72)
+                                  ? (strides_divide_kernel(g) ? 0.6 : 0.72)
                               : g.taps() == 1 || strided ? 0.8
                                                          : 1.0;
   // On the Zen 4 its 1x1 products (N=8, ResNet's layers from 56x56 down to 7x7,

@@ -37,6 +37,12 @@ Geometry geometry_of(const Problem& problem) {
   return g;
 }
 
+bool strides_divide_kernel(const Geometry& g) {
+  for (int64_t axis = 0; axis < 3; ++axis)
+    if (g.kernel[axis] % g.stride[axis] != 0) return false;
+  return true;
+}
+
 bool spatial_flattens(const int64_t (&sizes)[3], const int64_t (&strides)[5], int64_t unit) {
   int64_t expected = unit;
   for (int64_t axis = 2; axis >= 0; --axis) {
