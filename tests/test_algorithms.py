@@ -344,7 +344,8 @@ def test_gemm_of_other_capabilities(capability, tmp_path):
     """gemm where this CPU would not run it so, forced through ATen's capability in a child process:
     BLAS alone (CPUs without AVX2: f16/bf16 converted as they are packed, or a block of samples at a
     time where BLAS reads them in place, 1x1 in both layouts) and, on an AVX-512 CPU, the fused
-    kernel's AVX2 build (f32, f16 and bf16, channel counts that leave partial tiles of both builds)."""
+    kernel's AVX2 build (f32, f16 and bf16, channel counts that leave partial tiles of both builds),
+    and channels-first f32 rows long enough for whole blocks of the builds' transpositions."""
     problems = []
     for data_format, dtype, channels, out_channels in (("NXC", torch.float32, 13, 21), ("NCX", torch.float16, 7, 40),
                                                          ("NXC", torch.bfloat16, 20, 9)):
@@ -357,6 +358,9 @@ def test_gemm_of_other_capabilities(capability, tmp_path):
         x = rand(data_shape(3, 12, (5, 6), data_format), dtype, seed=15)
         dy = rand(data_shape(3, 10, (5, 6), data_format), dtype, seed=16)
         problems.append((x, dy, [10, 12, 1, 1], dict(data_format=data_format, filter_format="OIX")))
+    x = rand(data_shape(2, 20, (6, 19), "NCX"), torch.float32, seed=17)
+    dy = rand(data_shape(2, 24, (6, 19), "NCX"), torch.float32, seed=18)
+    problems.append((x, dy, [24, 20, 3, 3], dict(pads_begin=1, pads_end=1, data_format="NCX", filter_format="OIX")))
     check_under_capability(problems, capability, "gemm", tmp_path)
 
 

@@ -533,76 +533,74 @@ inline void transpose_8x16(const uint16_t* from, int64_t src_ld, uint16_t* to, i
 }
 #endif
 
-#ifdef CPU_CAPABILITY_AVX512
-// 16 x 16 blocks in registers for float32 (transpose_registers), 8 x 16 for
-// 16-bit elements, plain loops at the edges. On the Cascade Lake the 8 x 8
-// float32 blocks of the AVX2 build took 29% of the 1-D layer's channels-first
-// time (k10 s5, 32 -> 64 channels, 16000 samples, 2 threads); these ran it
-// 1.07-1.2x as fast (interleaved, four runs), the other layers' 1.0x.
+// The blocks transpose_of moves in registers: on AVX-512 16 x 16 float32
+// (transpose_registers), on AVX2 8 x 8 float32 (at::vec), on both 8 x 16
+// 16-bit elements (transpose_8x16); 8 x 8 through at::vec elsewhere.
+// Columns and rows of the source a block spans:
+#if defined(CPU_CAPABILITY_AVX512)
+template <typename T>
+constexpr int64_t kTransposeColumns = sizeof(T) == 4 ? 16 : 8;
+template <typename T>
+constexpr int64_t kTransposeRows = 16;
+#elif defined(CPU_CAPABILITY_AVX2)
+template <typename T>
+constexpr int64_t kTransposeColumns = 8;
+template <typename T>
+constexpr int64_t kTransposeRows = sizeof(T) == 2 ? 16 : 8;
+#else
+template <typename T>
+constexpr int64_t kTransposeColumns = 8;
+template <typename T>
+constexpr int64_t kTransposeRows = 8;
+#endif
+
+// to[r * dst_ld + c] = from[c * src_ld + r] for one whole block. On the
+// Cascade Lake the AVX2 build's 8 x 8 float32 blocks took 29% of the 1-D
+// layer's channels-first time (k10 s5, 32 -> 64 channels, 16000 samples, 2
+// threads); the AVX-512 build's 16 x 16 ones ran it 1.07-1.2x as fast
+// (interleaved, four runs), the other layers' 1.0x.
+template <typename T>
+inline void transpose_block(const T* from, int64_t src_ld, T* to, int64_t dst_ld) {
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+  if constexpr (sizeof(T) == 2) {
+    transpose_8x16(from, src_ld, to, dst_ld);
+    return;
+  }
+#endif
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (sizeof(T) == 4) {
+    // Each source row is prefetched 8 lines ahead: the hardware's
+    // prefetchers left the loads waiting on memory (1-D layer 1.05-1.1x
+    // faster so).
+    constexpr int64_t kPrefetchAhead = 512;
+    __m512 lines[16], columns[16];
+    for (int c = 0; c < 16; ++c) {
+      _mm_prefetch(reinterpret_cast<const char*>(from + c * src_ld) + kPrefetchAhead, _MM_HINT_T0);
+      lines[c] = _mm512_loadu_ps(from + c * src_ld);
+    }
+    transpose_registers(lines, columns);
+    for (int r = 0; r < 16; ++r) _mm512_storeu_ps(to + r * dst_ld, columns[r]);
+  }
+#else
+  at::vec::transpose_mxn<T, 8, 8>(from, src_ld, to, dst_ld);
+#endif
+}
+
+// Whole blocks in registers (transpose_block), plain loops at the edges.
 template <typename T>
 void transpose_of(const T* src, int64_t src_ld, T* dst, int64_t dst_ld, int64_t columns, int64_t rows) {
-  constexpr int64_t kColumnBlock = sizeof(T) == 4 ? 16 : 8, kRowBlock = 16;
-  // Each of the 16 source rows a float32 block reads is prefetched 8 lines
-  // ahead: the hardware's prefetchers left the loads waiting on memory (1-D
-  // layer 1.05-1.1x faster so).
-  constexpr int64_t kPrefetchAhead = 512;
+  constexpr int64_t kColumnBlock = kTransposeColumns<T>, kRowBlock = kTransposeRows<T>;
   // Along dst's rows first: consecutive blocks fill the same lines of dst.
   for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock)
     for (int64_t c0 = 0; c0 < columns; c0 += kColumnBlock) {
-      const T* from = src + c0 * src_ld + r0;
-      T* to = dst + r0 * dst_ld + c0;
       if (c0 + kColumnBlock <= columns && r0 + kRowBlock <= rows) {
-        if constexpr (sizeof(T) == 4) {
-          __m512 lines[16], columns_of[16];
-          for (int c = 0; c < 16; ++c) {
-            _mm_prefetch(reinterpret_cast<const char*>(from + c * src_ld) + kPrefetchAhead, _MM_HINT_T0);
-            lines[c] = _mm512_loadu_ps(from + c * src_ld);
-          }
-          transpose_registers(lines, columns_of);
-          for (int r = 0; r < 16; ++r) _mm512_storeu_ps(to + r * dst_ld, columns_of[r]);
-        } else {
-          transpose_8x16(from, src_ld, to, dst_ld);
-        }
+        transpose_block(src + c0 * src_ld + r0, src_ld, dst + r0 * dst_ld + c0, dst_ld);
         continue;
       }
       for (int64_t r = r0; r < std::min(rows, r0 + kRowBlock); ++r)
         for (int64_t c = c0; c < std::min(columns, c0 + kColumnBlock); ++c) dst[r * dst_ld + c] = src[c * src_ld + r];
     }
 }
-#else
-// 8 x 8 blocks: at::vec's register transpose for float32 (AVX2), 8 x 16
-// blocks for 16-bit elements (AVX2), plain loops otherwise and at the edges.
-template <typename T>
-void transpose_of(const T* src, int64_t src_ld, T* dst, int64_t dst_ld, int64_t columns, int64_t rows) {
-  constexpr int64_t kBlock = 8;
-#ifdef CPU_CAPABILITY_AVX2
-  constexpr int64_t kRowBlock = sizeof(T) == 2 ? 16 : kBlock;
-#else
-  constexpr int64_t kRowBlock = kBlock;
-#endif
-  // Along dst's rows first: consecutive blocks fill the same lines of dst.
-  for (int64_t r0 = 0; r0 < rows; r0 += kRowBlock)
-    for (int64_t c0 = 0; c0 < columns; c0 += kBlock) {
-      const T* from = src + c0 * src_ld + r0;
-      T* to = dst + r0 * dst_ld + c0;
-      if (c0 + kBlock <= columns && r0 + kRowBlock <= rows) {
-#ifdef CPU_CAPABILITY_AVX2
-        if constexpr (sizeof(T) == 2) {
-          transpose_8x16(from, src_ld, to, dst_ld);
-          continue;
-        }
-#endif
-        at::vec::transpose_mxn<T, kBlock, kBlock>(from, src_ld, to, dst_ld);
-      } else {
-        for (int64_t r = r0; r < std::min(rows, r0 + kRowBlock); r += kBlock)
-          at::vec::transpose_mxn<T>(src + c0 * src_ld + r, src_ld, dst + r * dst_ld + c0, dst_ld,
-                                    static_cast<int>(std::min(kBlock, columns - c0)),
-                                    static_cast<int>(std::min(kBlock, rows - r)));
-      }
-    }
-}
-
-#endif
 
 inline void transpose_impl(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows,
                            int64_t element_size) {
