@@ -110,9 +110,14 @@ bool cpu_runs_brgemm_bf16();
 // tensors of bf16, or of f16 split into bf16 parts, where
 // cpu_runs_brgemm_bf16() (amx.cpp).
 bool runs_on_bf16_tiles(const Problem& problem);
-// The share of a tile product's rows or columns that `channels` keep busy in
-// the tile algorithms' cost models: all from 64 channels.
-inline double tile_width(double channels) { return std::min(1.0, (channels + 32) / 96); }
+// The share of a product's full rate that a side of `channels` rows or
+// columns reaches, as the cost models fit it: linear in the channels, from
+// offset / (full + offset) towards none, and all from `full` channels on.
+inline double width_share(double channels, double full, double offset) {
+  return std::min(1.0, (channels + offset) / (full + offset));
+}
+// The tile algorithms' (amx, amx_planes): all from 64 channels.
+inline double tile_width(double channels) { return width_share(channels, 64, 32); }
 // c (m x n, row stride ldc) += a (m x k, row stride lda) @ b, with b the k x n
 // product's operand in VNNI pairs ((k / 2) x n x 2, k even), through ATen's
 // brgemm in blocks of C (amx.cpp). Only where cpu_runs_brgemm_bf16().

@@ -450,8 +450,8 @@ double avx512_float32_pointwise_seconds(const Geometry& g, bool nxc) {
     const double grad_output_bytes = rows * g.out_channels * 4;
     if (g.in_channels <= 64 && g.out_channels >= 192 && grad_output_bytes > 8e6) macs_per_second = 60e9;
   } else {
-    const auto width = [](int64_t channels) { return std::min(1.0, (channels + 136) / 264.0); };
-    macs_per_second *= width(g.in_channels) * width(g.out_channels);
+    macs_per_second *= width_share(static_cast<double>(g.in_channels), 128, 136) *
+                       width_share(static_cast<double>(g.out_channels), 128, 136);
   }
   const double seconds_per_weight = g.in_channels >= 1024 ? 4e-9 : g.in_channels >= 512 ? 2e-9 : 0.0;
   const double weights = static_cast<double>(g.in_channels) * g.out_channels;

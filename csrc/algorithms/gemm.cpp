@@ -283,8 +283,8 @@ bool fused_swaps_operands(const Geometry& g) { return g.taps() == 1 && g.in_chan
 // (the constants: cost() below).
 double products_macs_per_second(const Geometry& g, bool fused) {
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
-  const auto width = [fused](int64_t channels) {
-    return fused ? std::min(1.0, (channels + 32) / 96.0) : std::min(1.0, (channels + 200) / 296.0);
+  const auto width = [fused](double channels) {
+    return fused ? width_share(channels, 64, 32) : width_share(channels, 96, 200);
   };
   const CpuCalibration calibration = cpu_calibration();
   if (calibration == CpuCalibration::Avx2)
@@ -294,7 +294,7 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   const bool swaps = fused_swaps_operands(g);
   const int64_t a_rows = swaps ? out_per_group : g.taps() * in_per_group;
   const int64_t b_width = swaps ? in_per_group : out_per_group;
-  const double fused_avx512_width = std::min(1.0, (a_rows + 64) / 184.0);
+  const double fused_avx512_width = width_share(static_cast<double>(a_rows), 120, 64);
   const bool amx_cpu = calibration == CpuCalibration::Avx512Amx;
   // On the Zen 4 the benchmark's 1-D layer ran at 68 GMAC/s (2026-11-25);
   // every problem whose rows run along one axis (1-D, or 2-D of height 1) is

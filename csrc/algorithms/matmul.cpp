@@ -256,7 +256,7 @@ double cost(const Problem& problem, const Geometry& g) {
     // 110-130 with 64 input channels and 80-110 with 64 output channels; the
     // copies cost little (channels-first 1024 -> 256 ran as fast as
     // channels-last, which has none).
-    const auto width = [](double channels) { return std::min(1.0, (channels + 250) / 505); };
+    const auto width = [](double channels) { return width_share(channels, 255, 250); };
     const double columns = static_cast<double>(g.in_channels / g.groups) * g.taps();
     const double macs_per_second = 160e9 * width(static_cast<double>(g.out_channels / g.groups)) * width(columns);
     return 15e-6 + copy_bytes / 30e9 + g.macs() / macs_per_second;
@@ -269,7 +269,7 @@ double cost(const Problem& problem, const Geometry& g) {
     // GB/s, read and written. It beat the other algorithms on ResNet-50's 1x1
     // 1024 -> 256 (5.1 against gemm's 5.7 ms) and stride-2 1x1 (10.1 against
     // oneDNN's 10.3) layers and U-Net's (3.0 against 3.5).
-    const auto width = [](double channels) { return std::min(1.0, (channels + 200) / 400); };
+    const auto width = [](double channels) { return width_share(channels, 200, 200); };
     const double columns = static_cast<double>(g.in_channels) * g.taps();
     const double macs_per_second = 95e9 * width(static_cast<double>(g.out_channels)) * width(columns);
     return 15e-6 + copy_bytes / 25e9 + g.macs() / macs_per_second;
