@@ -163,6 +163,22 @@ def test_gemm_interleaves_the_phases_of_a_strided_last_axis(case, dtype):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
+# gemm lays channels-first data out as channels-last rows in register blocks
+# (16 x 16 float32, 8 columns x 16 rows of 16-bit elements on AVX-512; 8 x 8 or
+# 8 x 16 on AVX2): rows and channel counts that leave blocks cut by the edges
+# on either side, or no whole block at all.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("channels,out_channels,width", [(20, 5, 19), (5, 20, 14), (9, 17, 33)])
+def test_gemm_transposes_blocks_cut_by_the_edges(channels, out_channels, width, dtype):
+    x = rand(data_shape(2, channels, (3, width), "NCX"), dtype, seed=23)
+    dy = rand(data_shape(2, out_channels, (3, width), "NCX"), dtype, seed=24)
+    shape = [out_channels, channels, 3, 3]
+    attributes = dict(pads_begin=1, pads_end=1, data_format="NCX", filter_format="OIX")
+    result, ran = run("gemm", x, dy, shape, attributes)
+    assert ran == "gemm"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
+
+
 # With one tap and fewer input channels than output ones, the fused kernel
 # takes the output gradient as its first operand and the input's plane as the
 # second, and the product comes out transposed: groups, strides and padding.
