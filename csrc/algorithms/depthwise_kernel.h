@@ -116,6 +116,7 @@ namespace torch_convgrad::depthwise_kernel::CPU_CAPABILITY {
 
 using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 #if defined(CPU_CAPABILITY_AVX512)
+using ::torch_convgrad::CPU_CAPABILITY::load_transposed;
 using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
 #endif
 
@@ -522,16 +523,18 @@ at::vec::Vectorized<A> group_channel(const at::vec::Vectorized<A>& lanes, int64_
 
 // dst[j * ld_dst + i] = src[i * ld_src + j] for i, j < kLanes. ATen's
 // AVX-512 float transpose takes its sizes at run time and is not inlined: it
-// took half of MobileNetV2's channels-first f32 time here; with
-// transpose_registers' unpack-and-shuffle sequence, in registers throughout,
-// the layer ran 1.9x as fast (3.19 -> 1.67 ms).
+// took half of MobileNetV2's channels-first f32 time here; with an
+// unpack-and-shuffle sequence in registers (register_transpose.h) the layer
+// ran 1.9x as fast (3.19 -> 1.67 ms), and with its 128-bit lane moves done by
+// the loads (load_transposed) MobileNetV2's channels-first layers ran
+// 1.02-1.05x faster still (Cascade Lake, f32, bf16 and f16 through
+// transpose_pixel_pairs; medians of 8 pairs of processes, two runs).
 template <typename A, int kLanes>
 void transpose_square(const A* src, int64_t ld_src, A* dst, int64_t ld_dst) {
 #if defined(CPU_CAPABILITY_AVX512)
   if constexpr (std::is_same_v<A, float> && kLanes == 16) {
-    __m512 rows[16], columns[16];
-    for (int i = 0; i < 16; ++i) rows[i] = _mm512_loadu_ps(src + i * ld_src);
-    transpose_registers(rows, columns);
+    __m512 columns[16];
+    load_transposed(src, ld_src * 4, columns);
     for (int j = 0; j < 16; ++j) _mm512_storeu_ps(dst + j * ld_dst, columns[j]);
     return;
   }
@@ -547,9 +550,8 @@ void transpose_square(const A* src, int64_t ld_src, A* dst, int64_t ld_dst) {
 // the shuffles of converting 16 pixels and transposing their floats.
 template <typename T>
 void transpose_pixel_pairs(const T* rows, int64_t channel_stride, float* block) {
-  __m512 pairs[16], columns[16];
-  for (int c = 0; c < 16; ++c) pairs[c] = _mm512_loadu_ps(rows + c * channel_stride);
-  transpose_registers(pairs, columns);  // columns[u] lane c: channel c's pixels 2u, 2u + 1
+  __m512 columns[16];
+  load_transposed(rows, channel_stride * 2, columns);  // columns[u] lane c: channel c's pixels 2u, 2u + 1
   for (int u = 0; u < 16; ++u) {
     const __m512i pair = _mm512_castps_si512(columns[u]);
     __m512 even, odd;
