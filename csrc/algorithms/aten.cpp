@@ -336,7 +336,6 @@ bool not_yet_channels_last(const Problem& problem) {
          !dense_in(problem.grad_output, DataLayout::ChannelsLast);
 }
 
-
 // Groups of a few channels: oneDNN ran 3x3 layers (N=8, 14x14 to 56x56,
 // 128-512 channels) at 3.5 (2 a group), 5-10 (4) and 20-52 GMAC/s (8) on NXC
 // data, and at 1.6, 2.2-2.4 and 14-36 on NCX (Zen 3, 2026-11-23); no bound

@@ -616,20 +616,20 @@ inline void transpose_block(const T* from, int64_t src_ld, T* to, int64_t dst_ld
 template <typename T>
 inline void transpose_edge_block(const T* from, int64_t src_ld, T* to, int64_t dst_ld, int64_t columns, int64_t rows) {
 #if defined(CPU_CAPABILITY_AVX512)
-  const auto mask_of = [](int64_t count) { return static_cast<uint32_t>((uint64_t{1} << count) - 1); };
+  // Blocks span at most 16 rows and 16 columns: first_lanes' masks cover them.
   if constexpr (sizeof(T) == 4) {
     __m512 lines[16], transposed[16];
     for (int c = 0; c < 16; ++c)
-      lines[c] = c < columns ? _mm512_maskz_loadu_ps(mask_of(rows), from + c * src_ld) : _mm512_setzero_ps();
+      lines[c] = c < columns ? _mm512_maskz_loadu_ps(first_lanes(rows), from + c * src_ld) : _mm512_setzero_ps();
     transpose_registers(lines, transposed);
-    for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(to + r * dst_ld, mask_of(columns), transposed[r]);
+    for (int r = 0; r < rows; ++r) _mm512_mask_storeu_ps(to + r * dst_ld, first_lanes(columns), transposed[r]);
   } else {
     __m256i lines[8];
     __m128i transposed[16];
     for (int c = 0; c < 8; ++c)
-      lines[c] = c < columns ? _mm256_maskz_loadu_epi16(mask_of(rows), from + c * src_ld) : _mm256_setzero_si256();
+      lines[c] = c < columns ? _mm256_maskz_loadu_epi16(first_lanes(rows), from + c * src_ld) : _mm256_setzero_si256();
     transpose_8x16_registers(lines, transposed);
-    for (int r = 0; r < rows; ++r) _mm_mask_storeu_epi16(to + r * dst_ld, mask_of(columns), transposed[r]);
+    for (int r = 0; r < rows; ++r) _mm_mask_storeu_epi16(to + r * dst_ld, first_lanes(columns), transposed[r]);
   }
 #else
   for (int64_t r = 0; r < rows; ++r)
