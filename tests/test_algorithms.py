@@ -1098,6 +1098,65 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
     assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 3], **attributes))
 
 
+
+# On an AVX-512 CPU without bf16 products, channels-first bf16/f16 depthwise layers with 3, 5 or 7
+# taps along the row (stride and dilation 1 along it) run on float row tiles (elsewhere on the
+# other kernels): rows of 16 windows (one whole vector), 17 and 70 (a partial last one); 19 and 13
+# output rows, which run 8 (3 taps along the row), 6 (two rows of 7) or 4 (three rows of 7) at a
+# time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 3 + 2 + 2 and 3 + 3 + 3),
+# a single row of taps, asymmetric padding; stride and dilation across rows (one output row at a
+# time); 1-D and 3-D. Each contiguous and as views: input rows read with a stride (staged element
+# by element) and a slice of the channels.
+FLOAT_ROW_CASES = {
+    # name: (n, c, size, kernel, attributes)
+    "16-windows": (2, 5, (19, 16), (3, 3), dict(pads_begin=1, pads_end=1)),
+    "17-windows": (2, 3, (21, 19), (3, 3), {}),
+    "70-windows": (2, 3, (9, 70), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
+    "7x7": (2, 3, (13, 23), (7, 7), dict(pads_begin=3, pads_end=3)),
+    "9x3-asymmetric": (2, 2, (16, 20), (9, 3), dict(pads_begin=(1, 2), pads_end=(7, 0))),
+    "one-row-of-taps": (3, 2, (11, 33), (1, 7), dict(pads_begin=(0, 3), pads_end=(0, 3))),
+    "strided-rows": (2, 4, (23, 40), (3, 3), dict(strides=(2, 1), pads_begin=1, pads_end=1)),
+    "dilated-rows": (2, 4, (20, 18), (5, 5), dict(dilations=(2, 1), pads_begin=(4, 2), pads_end=(4, 2))),
+    "1-D": (3, 7, (100,), (5,), dict(pads_begin=2, pads_end=1)),
+    "3-D": (2, 3, (5, 12, 21), (3, 3, 3), dict(strides=(2, 1, 1), pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("view", ["contiguous", "strided-rows", "channel-slice"])
+@pytest.mark.parametrize("case", list(FLOAT_ROW_CASES))
+def test_16_bit_channels_first_depthwise_rows(case, view, dtype):
+    n, c, size, kernel, attributes = FLOAT_ROW_CASES[case]
+    x = rand(data_shape(n, 2 * c, [*size[:-1], 2 * size[-1]], "NCX"), dtype, seed=61)
+    x = x[:, :c, ..., :size[-1]] if view == "contiguous" else x[:, :c, ..., ::2] if view == "strided-rows" else x[:, ::2, ..., :size[-1]]
+    x = x.contiguous() if view == "contiguous" else x
+    out = output_size(size, kernel, attributes)
+    dy = rand(data_shape(n, 2 * c, out, "NCX"), dtype, seed=62)
+    dy = dy[:, ::2] if view == "channel-slice" else dy[:, :c].contiguous()
+    attributes = dict(attributes, groups=c, data_format="NCX", filter_format="OIX")
+    result, ran = run("depthwise", x, dy, [c, 1, *kernel], attributes)
+    assert ran == "depthwise"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [c, 1, *kernel], **attributes), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("holder,position", [("x", (1, 3, 2, 0)), ("x", (1, 3, 2, 19)), ("x", (0, 1, 20, 7)),
+                                             ("dy", (1, 2, 0, 0)), ("dy", (0, 3, 20, 19))])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_16_bit_channels_first_depthwise_rows_keep_non_finite_values_where_the_reference_has_them(
+        value, holder, position, dtype):
+    """The lanes past a row's last window load as zero on both sides, and the padding is staged as
+    zeros: an infinity or NaN in the input's first or last column or last row reaches only the taps
+    that read it, and one in the output gradient's corner meets the padding (NaN) as in the
+    reference. 20 windows a row: one whole vector and a partial one."""
+    x = rand(data_shape(2, 16, (21, 20), "NCX"), dtype, seed=63)
+    dy = rand(data_shape(2, 16, (21, 20), "NCX"), dtype, seed=64)
+    (x if holder == "x" else dy)[position] = value
+    attributes = dict(pads_begin=1, pads_end=1, groups=16, data_format="NCX", filter_format="OIX")
+    result, ran = run("depthwise", x, dy, [16, 1, 3, 3], attributes)
+    assert ran == "depthwise"
+    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 3], **attributes))
+
 @pytest.mark.skipif(not AVX512 or AMX, reason="the calibration of AVX-512 CPUs without AMX")
 def test_f32_strided_channels_last_depthwise_goes_to_the_depthwise_kernel():
     """MobileNetV2's stride-2 depthwise layer, channels-last f32: the depthwise kernel ran it 1.55-1.6

@@ -42,6 +42,10 @@ struct Args {
   // contiguous (it then prefetches the next ones).
   bool bf16_planes = false;
   bool dense_planes = false;
+  // Whether channels_first runs depthwise bf16/f16 planes on the AVX-512
+  // build's float row tiles (float_row_taps along the row, stride and
+  // dilation 1 along it, grad_output rows of unit stride).
+  bool float_rows = false;
   // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
   // or NaN in the data that it loads makes some sum).
   std::atomic<bool>* non_finite = nullptr;
@@ -74,6 +78,11 @@ namespace DEFAULT {
 TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 }
 #undef TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
+
+// The taps along the row that Args::float_rows takes.
+inline bool float_row_taps(int64_t taps_along_row) {
+  return taps_along_row == 3 || taps_along_row == 5 || taps_along_row == 7;
+}
 
 // Whether this compiler and OS give the AVX-512 build the AMX kernel below
 // (GCC 11 and Clang 12 have the tile intrinsics; Linux grants the tile state).
@@ -1320,6 +1329,211 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
 }
 #endif
 
+#ifdef CPU_CAPABILITY_AVX512
+// ---------------------------------------------------------------------------
+// channels_first on float rows (Args::float_rows: depthwise bf16/f16, 3, 5
+// or 7 taps along the row, stride and dilation 1 along it, grad_output rows
+// of unit stride): lanes run along an output row, 16 windows at a time, as in
+// the bf16 pairs above, but on float FMAs. The input plane is staged as float
+// with its padding rows and columns (RowLayout); grad_output rows are read in
+// place and converted as they load. A tile keeps the sums of up to three
+// rows of taps in registers; where rows of taps and output rows are both one
+// input row apart, it runs several output rows at once, and each input
+// vector it loads serves every (output row, row of taps) pair that reads it:
+// 30 loads for 72 FMAs in a 3x3 kernel (8 output rows), where one output row
+// at a time takes 10 for 9. Lanes past a row's last window load as zero on
+// both sides, so every product is one the sum has.
+// ---------------------------------------------------------------------------
+
+// 16 elements as float lanes (16-bit ones converted), or the first lanes of
+// `valid` only (the others 0, not read).
+inline __m512 load_floats(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load_floats(const float* p, __mmask16 valid) { return _mm512_maskz_loadu_ps(valid, p); }
+inline __m512 widen_bf16(__m256i bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline __m512 load_floats(const c10::BFloat16* p) {
+  return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load_floats(const c10::BFloat16* p, __mmask16 valid) {
+  return widen_bf16(_mm256_maskz_loadu_epi16(valid, p));
+}
+inline __m512 load_floats(const c10::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+inline __m512 load_floats(const c10::Half* p, __mmask16 valid) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, p));
+}
+
+inline __mmask16 first_lanes(int64_t count) { return static_cast<__mmask16>((1u << count) - 1); }
+
+// Elements [0, size) of a contiguous row as float to row[pad + w], up to
+// the row's `length` positions, in vectors (the last one masked).
+template <typename T>
+void stage_row_floats(const T* source, int64_t size, int64_t pad, int64_t length, float* row) {
+  size = std::clamp<int64_t>(length - pad, 0, size);
+  for (int64_t w = 0; w < size; w += 16) {
+    const __mmask16 valid = first_lanes(std::min<int64_t>(16, size - w));
+    _mm512_mask_storeu_ps(row + pad + w, valid, load_floats(source + w, valid));
+  }
+}
+
+// Where channels_first_rows stages an input plane (stride and dilation 1
+// along the row): `slices` x `rows` rows (every padded row some window
+// reads) of `length` positions, `row_pitch` floats apart, each from `lead`
+// on, so that the input row's first element lands on a cache line (aligned
+// stores where the rows are copied).
+struct RowLayout {
+  int64_t slices, rows, length, lead, row_pitch, slice_pitch, plane_pitch;
+
+  explicit RowLayout(const Args& args) {
+    slices = (args.out[0] - 1) * args.stride[0] + (args.kernel[0] - 1) * args.dilation[0] + 1;
+    rows = (args.out[1] - 1) * args.stride[1] + (args.kernel[1] - 1) * args.dilation[1] + 1;
+    length = args.out[2] + args.kernel[2] - 1;
+    lead = (16 - args.pad_begin[2] % 16) % 16;
+    row_pitch = round_up(lead + length, 16);
+    slice_pitch = rows * row_pitch;
+    plane_pitch = slices * slice_pitch;
+  }
+
+  // The staged row (slice uz, row uy) of `staged`.
+  template <typename F>  // float or const float
+  F* row(F* staged, int64_t uz, int64_t uy) const {
+    return staged + uz * slice_pitch + uy * row_pitch + lead;
+  }
+
+  // Stages the input plane `x` (as float) into `staged`, whose padding stays as it is (zero).
+  template <typename T>
+  void stage(const Args& args, const T* x, float* staged) const {
+    const int64_t* x_strides = args.input_strides;
+    for (int64_t iz = 0; iz < args.in[0]; ++iz) {
+      const int64_t uz = iz + args.pad_begin[0];
+      if (uz >= slices) break;
+      for (int64_t iy = 0; iy < args.in[1]; ++iy) {
+        const int64_t uy = iy + args.pad_begin[1];
+        if (uy >= rows) break;
+        const T* source = x + iz * x_strides[2] + iy * x_strides[3];
+        if (x_strides[4] == 1)
+          stage_row_floats(source, args.in[2], args.pad_begin[2], length, row(staged, uz, uy));
+        else
+          stage_phases(source, x_strides[4], args.in[2], 1, args.pad_begin[2], length, 0, row(staged, uz, uy));
+      }
+    }
+  }
+};
+
+// Output rows a tile runs at once where they share input rows: the sums
+// (kKH x kKW), the output rows' grad_output vectors and an input vector fit
+// the 32 registers.
+constexpr int shared_rows(int taps) { return taps <= 9 ? 8 : taps <= 15 ? 6 : 4; }
+
+// sums[ky][kx] = sum over output slices z, rows y and windows j of
+//   x[(z * s0 + kz * d0) slice][(y * s1 + (ky_first + ky) * d1) row][columns[kx] + j] * dy[z][y][j]
+// for ky < kKH, kx < kKW, x staged as `layout`, dy rows `dy_pitch` apart
+// (slices, rows). `share_rows`: s1 = d1 = 1.
+template <typename T, int kKH, int kKW>
+void float_row_tile(const float* x, const RowLayout& layout, const Args& args, int64_t kz, int64_t ky_first,
+                    bool share_rows, const T* dy, const int64_t* dy_pitch, float* sums_out) {
+  constexpr int kShared = shared_rows(kKH * kKW);
+  __m512 sums[kKH][kKW];
+#pragma GCC unroll 16
+  for (int ky = 0; ky < kKH; ++ky)
+#pragma GCC unroll 16
+    for (int kx = 0; kx < kKW; ++kx) sums[ky][kx] = _mm512_setzero_ps();
+  const int64_t width = args.out[2];
+  const int64_t ky_pitch = args.dilation[1] * layout.row_pitch;  // the input rows of consecutive rows of taps
+  // kRows output rows from `y` of slice `z`: input row u of the tile (output
+  // row i reads u = i + ky where rows are shared, else u = ky) at x_rows + u * ky_pitch.
+  const auto rows_at = [&]<int kRows>(int64_t z, int64_t y) {
+    const float* x_rows = layout.row(x, z * args.stride[0] + kz * args.dilation[0],
+                                     y * args.stride[1] + ky_first * args.dilation[1]);
+    const T* dy_rows[kRows];
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) dy_rows[i] = dy + z * dy_pitch[0] + (y + i) * dy_pitch[1];
+    const float* x_row[kRows + kKH - 1];
+#pragma GCC unroll 16
+    for (int u = 0; u < kRows + kKH - 1; ++u) x_row[u] = x_rows + u * ky_pitch;
+    const auto step = [&]<bool kTail>(int64_t j, __mmask16 valid) {
+      __m512 dy_lanes[kRows];
+#pragma GCC unroll 16
+      for (int i = 0; i < kRows; ++i)
+        dy_lanes[i] = kTail ? load_floats(dy_rows[i] + j, valid) : load_floats(dy_rows[i] + j);
+#pragma GCC unroll 16
+      for (int u = 0; u < kRows + kKH - 1; ++u)
+#pragma GCC unroll 16
+        for (int kx = 0; kx < kKW; ++kx) {
+          const float* p = x_row[u] + kx + j;
+          __m512 x_lanes = kTail ? load_floats(p, valid) : load_floats(p);
+          // One load for all its products: GCC would fold it into each FMA.
+          asm("" : "+v"(x_lanes));
+#pragma GCC unroll 16
+          for (int i = 0; i < kRows; ++i)
+            if (u - i >= 0 && u - i < kKH) sums[u - i][kx] = _mm512_fmadd_ps(x_lanes, dy_lanes[i], sums[u - i][kx]);
+        }
+    };
+    int64_t j = 0;
+    for (; j + 16 <= width; j += 16) step.template operator()<false>(j, 0);
+    if (j < width) step.template operator()<true>(j, first_lanes(width - j));
+  };
+  for (int64_t z = 0; z < args.out[0]; ++z) {
+    int64_t y = 0;
+    if (share_rows)
+      for (; y + kShared <= args.out[1]; y += kShared) rows_at.template operator()<kShared>(z, y);
+    for (; y < args.out[1]; ++y) rows_at.template operator()<1>(z, y);
+  }
+#pragma GCC unroll 16
+  for (int ky = 0; ky < kKH; ++ky)
+#pragma GCC unroll 16
+    for (int kx = 0; kx < kKW; ++kx) sums_out[ky * kKW + kx] = _mm512_reduce_add_ps(sums[ky][kx]);
+}
+
+// Rows of taps a float row tile sums at most.
+constexpr int64_t kMostTapRows = 3;
+
+template <typename T>
+void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
+                         int64_t channel_end, float* result) {
+  const T* input = static_cast<const T*>(args.input);
+  const T* grad_output = static_cast<const T*>(args.grad_output);
+  const int64_t* x_strides = args.input_strides;
+  const int64_t* dy_strides = args.grad_output_strides;
+  const int64_t* kernel = args.kernel;
+  const int64_t taps = kernel[0] * kernel[1] * kernel[2];
+  const RowLayout layout(args);
+  LineAlignedBuffer<float> staged_input(layout.plane_pitch);  // zeroed once: every plane writes the same positions
+  const bool share_rows = args.stride[1] == 1 && args.dilation[1] == 1;
+  // Tiles: (slice of taps, first row of taps, rows of taps), the rows of
+  // taps split as evenly as possible.
+  std::vector<std::array<int64_t, 3>> tiles;
+  for (int64_t kz = 0; kz < kernel[0]; ++kz)
+    for (const TapRange& range : tap_tiles(kernel[1], kMostTapRows)) tiles.push_back({kz, range.first, range.count});
+  std::fill(result, result + (channel_end - channel_begin) * taps, 0.0f);
+  for (int64_t n = sample_begin; n < sample_end; ++n)
+    for (int64_t c = channel_begin; c < channel_end; ++c) {
+      layout.stage(args, input + n * x_strides[0] + c * x_strides[1], staged_input.data());
+      const T* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
+      for (const auto& tile : tiles) {
+        const auto [kz, ky_first, tap_rows] = tile;
+        float sums[kMostTapRows * 7];
+        const auto run = [&]<int kKH, int kKW>() {
+          float_row_tile<T, kKH, kKW>(staged_input.data(), layout, args, kz, ky_first, share_rows, dy_plane,
+                                      dy_strides + 2, sums);
+        };
+        const auto with_rows = [&]<int kKW>() {
+          if (tap_rows == 1) run.template operator()<1, kKW>();
+          else if (tap_rows == 2) run.template operator()<2, kKW>();
+          else run.template operator()<3, kKW>();
+        };
+        if (kernel[2] == 3) with_rows.template operator()<3>();
+        else if (kernel[2] == 5) with_rows.template operator()<5>();
+        else with_rows.template operator()<7>();
+        float* tap_sums = result + (c - channel_begin) * taps + (kz * kernel[1] + ky_first) * kernel[2];
+        for (int64_t b = 0; b < tap_rows * kernel[2]; ++b) tap_sums[b] += sums[b];
+      }
+    }
+}
+#endif
+
 template <template <typename> class Kernel>
 void dispatch(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
               int64_t channel_end, void* result) {
@@ -1365,6 +1579,14 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
 #ifdef TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS
   if (args.bf16_planes)
     return channels_first_pairs(args, sample_begin, sample_end, channel_begin, channel_end, static_cast<float*>(result));
+#endif
+#ifdef CPU_CAPABILITY_AVX512
+  if (args.float_rows) {
+    float* sums = static_cast<float*>(result);
+    if (args.dtype == Dtype::Half)
+      return channels_first_rows<c10::Half>(args, sample_begin, sample_end, channel_begin, channel_end, sums);
+    return channels_first_rows<c10::BFloat16>(args, sample_begin, sample_end, channel_begin, channel_end, sums);
+  }
 #endif
   dispatch<ChannelsFirst>(args, sample_begin, sample_end, channel_begin, channel_end, result);
 }
