@@ -280,7 +280,9 @@ def test_gemm_results_outlive_its_scratch_buffers(data_format):
 # channels fill one, which the channels-last kernel broadcasts lane by lane.
 # Channels-first depthwise data goes through the channels-last kernel, which
 # transposes it as it stages it (rows of 6 to 21 pixels: whole, overlapping
-# and element-wise transposes), unless it has fewer channels than lanes (4).
+# and element-wise transposes), unless it has fewer channels than lanes (4),
+# or, on AVX-512 CPUs without bf16 products, 3, 5 or 7 taps along the row at
+# stride 1 or 2 without dilation (float row tiles: FLOAT_ROW_CASES below).
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("channels,groups", [(32, 32), (37, 37), (4, 4), (36, 18), (32, 8), (40, 5)])
@@ -1099,14 +1101,16 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 
 
 
-# On an AVX-512 CPU without bf16 products, channels-first bf16/f16 depthwise layers with 3, 5 or 7
-# taps along the row (stride and dilation 1 along it) run on float row tiles (elsewhere on the
+# On an AVX-512 CPU without bf16 products, channels-first depthwise layers with 3, 5 or 7 taps
+# along the row (stride 1 or 2 and dilation 1 along it) run on float row tiles (elsewhere on the
 # other kernels): rows of 16 windows (one whole vector), 17 and 70 (a partial last one); 19 and 13
 # output rows, which run 8 (3 taps along the row), 6 (two rows of 7) or 4 (three rows of 7) at a
 # time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 3 + 2 + 2 and 3 + 3 + 3),
-# a single row of taps, asymmetric padding; stride and dilation across rows (one output row at a
-# time); 1-D and 3-D. Each contiguous and as views: input rows read with a stride (staged element
-# by element) and a slice of the channels.
+# a single row of taps, asymmetric padding; stride 2 along both axes (4 output rows at a time, rows
+# staged into two phases: 32 elements and a partial vector, an odd padding that stages the first
+# element alone), stride 2 along the row only, and stride and dilation across rows (one output row
+# at a time); 1-D and 3-D. Each contiguous and as views: input rows read with a stride (staged
+# element by element) and a slice of the channels.
 FLOAT_ROW_CASES = {
     # name: (n, c, size, kernel, attributes)
     "16-windows": (2, 5, (19, 16), (3, 3), dict(pads_begin=1, pads_end=1)),
@@ -1115,6 +1119,9 @@ FLOAT_ROW_CASES = {
     "7x7": (2, 3, (13, 23), (7, 7), dict(pads_begin=3, pads_end=3)),
     "9x3-asymmetric": (2, 2, (16, 20), (9, 3), dict(pads_begin=(1, 2), pads_end=(7, 0))),
     "one-row-of-taps": (3, 2, (11, 33), (1, 7), dict(pads_begin=(0, 3), pads_end=(0, 3))),
+    "stride-2": (2, 4, (23, 40), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
+    "stride-2-5x5": (2, 3, (20, 35), (5, 5), dict(strides=2, pads_begin=2, pads_end=(1, 2))),
+    "stride-2-along-rows": (2, 3, (9, 50), (3, 7), dict(strides=(1, 2), pads_begin=(1, 3), pads_end=(1, 2))),
     "strided-rows": (2, 4, (23, 40), (3, 3), dict(strides=(2, 1), pads_begin=1, pads_end=1)),
     "dilated-rows": (2, 4, (20, 18), (5, 5), dict(dilations=(2, 1), pads_begin=(4, 2), pads_end=(4, 2))),
     "1-D": (3, 7, (100,), (5,), dict(pads_begin=2, pads_end=1)),
@@ -1122,10 +1129,10 @@ FLOAT_ROW_CASES = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("view", ["contiguous", "strided-rows", "channel-slice"])
 @pytest.mark.parametrize("case", list(FLOAT_ROW_CASES))
-def test_16_bit_channels_first_depthwise_rows(case, view, dtype):
+def test_channels_first_depthwise_rows(case, view, dtype):
     n, c, size, kernel, attributes = FLOAT_ROW_CASES[case]
     x = rand(data_shape(n, 2 * c, [*size[:-1], 2 * size[-1]], "NCX"), dtype, seed=61)
     x = x[:, :c, ..., :size[-1]] if view == "contiguous" else x[:, :c, ..., ::2] if view == "strided-rows" else x[:, ::2, ..., :size[-1]]
@@ -1139,20 +1146,22 @@ def test_16_bit_channels_first_depthwise_rows(case, view, dtype):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [c, 1, *kernel], **attributes), dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("holder,position", [("x", (1, 3, 2, 0)), ("x", (1, 3, 2, 19)), ("x", (0, 1, 20, 7)),
-                                             ("dy", (1, 2, 0, 0)), ("dy", (0, 3, 20, 19))])
+                                             ("dy", (1, 2, 0, 0)), ("dy", (0, 3, -1, -1))])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
-def test_16_bit_channels_first_depthwise_rows_keep_non_finite_values_where_the_reference_has_them(
-        value, holder, position, dtype):
+@pytest.mark.parametrize("stride", [1, 2])
+def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_reference_has_them(
+        stride, value, holder, position, dtype):
     """The lanes past a row's last window load as zero on both sides, and the padding is staged as
     zeros: an infinity or NaN in the input's first or last column or last row reaches only the taps
-    that read it, and one in the output gradient's corner meets the padding (NaN) as in the
-    reference. 20 windows a row: one whole vector and a partial one."""
+    that read it, and one in the output gradient's corners meets the padding (NaN) as in the
+    reference. 20 windows a row (one whole vector and a partial one), or 10 with stride 2."""
     x = rand(data_shape(2, 16, (21, 20), "NCX"), dtype, seed=63)
-    dy = rand(data_shape(2, 16, (21, 20), "NCX"), dtype, seed=64)
+    dy = rand(data_shape(2, 16, output_size((21, 20), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
+                         "NCX"), dtype, seed=64)
     (x if holder == "x" else dy)[position] = value
-    attributes = dict(pads_begin=1, pads_end=1, groups=16, data_format="NCX", filter_format="OIX")
+    attributes = dict(strides=stride, pads_begin=1, pads_end=1, groups=16, data_format="NCX", filter_format="OIX")
     result, ran = run("depthwise", x, dy, [16, 1, 3, 3], attributes)
     assert ran == "depthwise"
     assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 3], **attributes))

@@ -131,17 +131,17 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // layers 0.95-1.01), 4-wide 1.13-1.24; 2-wide 0.98-1.10 times, so those
   // stay on the float tiles.
   args.bf16_pairs = bf16_products && geometry.kernel[2] >= 3 && !args.bf16_planes;
-  // Elsewhere, where AVX-512 has no bf16 products (Intel Xeon, Cascade
-  // Lake, 2 threads, interleaved), bf16/f16 channels-first planes on float
-  // row tiles, against the channels-last kernel's transposition:
-  // MobileNetV2's 3x3 layer (N=16, 144 channels, 56x56) 1.31-1.44 times as
-  // fast, ConvNeXt's 7x7 one (N=8, 96 channels) 1.06-1.10. f32 layers,
-  // bound by memory reads that the transposing kernel prefetches, measured
-  // 0.96-1.10 and 1.02, and stay there.
+  // Where AVX-512 has no bf16 products, channels-first planes of f32, bf16
+  // and f16 on float row tiles (channels_first's float_rows), against the
+  // channels-last kernel's transposition (Intel Xeon, Cascade Lake, 2
+  // threads, interleaved in one process, two runs): MobileNetV2's 3x3 layer
+  // (N=16, 144 channels, 56x56) 1.40-1.54 times as fast in f32 and 1.62-1.71
+  // in bf16/f16, its stride-2 layer 1.26-1.41, ConvNeXt's 7x7 layer (N=8, 96
+  // channels) 1.07-1.14.
   const auto dtype = problem.input.scalar_type();
-  args.float_rows = calibration == CpuCalibration::Avx512 && (dtype == at::kBFloat16 || dtype == at::kHalf) &&
+  args.float_rows = calibration == CpuCalibration::Avx512 && dtype != at::kDouble &&
                     args.group_channels == 1 && kernel::float_row_taps(geometry.kernel[2]) &&
-                    geometry.stride[2] == 1 && geometry.dilation[2] == 1 && args.input_strides[1] != 1 &&
+                    geometry.stride[2] <= 2 && geometry.dilation[2] == 1 && args.input_strides[1] != 1 &&
                     args.grad_output_strides[1] != 1 && args.grad_output_strides[4] == 1;
   args.dense_planes = spatial_flattens(geometry.in, geometry.input_strides) &&
                       spatial_flattens(geometry.out, geometry.grad_output_strides);
@@ -261,8 +261,9 @@ const Build& build_for(const kernel::Args& args, int64_t channels, at::ScalarTyp
 at::Tensor run(const Problem& problem) {
   const Geometry geometry = geometry_of(problem);
   const kernel::Args args = depthwise_args(problem, geometry);
-  // bf16 planes on dot products (Args::bf16_planes) run faster still in the
-  // AVX-512 build's channels-first kernel, a sample group's planes in order.
+  // bf16 planes on dot products (Args::bf16_planes) and planes on float row
+  // tiles (Args::float_rows) run faster still in the AVX-512 build's
+  // channels-first kernel, a sample group's planes in order.
   if (args.bf16_planes || args.float_rows) return run_depthwise_tasks(problem, geometry, args, kAvx512.channels_first, 0, 1);
   const int64_t channels = geometry.in_channels;
   const Build& build = build_for(args, channels, problem.input.scalar_type());

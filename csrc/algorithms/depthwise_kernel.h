@@ -42,8 +42,8 @@ struct Args {
   // contiguous (it then prefetches the next ones).
   bool bf16_planes = false;
   bool dense_planes = false;
-  // Whether channels_first runs depthwise bf16/f16 planes on the AVX-512
-  // build's float row tiles (float_row_taps along the row, stride and
+  // Whether channels_first runs depthwise f32/bf16/f16 planes on the AVX-512
+  // build's float row tiles (float_row_taps along the row, stride 1 or 2 and
   // dilation 1 along it, grad_output rows of unit stride).
   bool float_rows = false;
   // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
@@ -1331,18 +1331,20 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
 
 #ifdef CPU_CAPABILITY_AVX512
 // ---------------------------------------------------------------------------
-// channels_first on float rows (Args::float_rows: depthwise bf16/f16, 3, 5
-// or 7 taps along the row, stride and dilation 1 along it, grad_output rows
-// of unit stride): lanes run along an output row, 16 windows at a time, as in
-// the bf16 pairs above, but on float FMAs. The input plane is staged as float
-// with its padding rows and columns (RowLayout); grad_output rows are read in
-// place and converted as they load. A tile keeps the sums of up to three
-// rows of taps in registers; where rows of taps and output rows are both one
-// input row apart, it runs several output rows at once, and each input
-// vector it loads serves every (output row, row of taps) pair that reads it:
-// 30 loads for 72 FMAs in a 3x3 kernel (8 output rows), where one output row
-// at a time takes 10 for 9. Lanes past a row's last window load as zero on
-// both sides, so every product is one the sum has.
+// channels_first on float rows (Args::float_rows: depthwise f32, bf16 or
+// f16, 3, 5 or 7 taps along the row, stride 1 or 2 and dilation 1 along it,
+// grad_output rows of unit stride): lanes run along an output row, 16
+// windows at a time, as in the bf16 pairs above, but on float FMAs. The
+// input plane is staged as float with its padding rows and columns, stride 2
+// in two phases along the row (RowLayout); grad_output rows are read in place
+// and converted as they load. A tile keeps the sums of up to three rows of
+// taps in registers; where output rows are as many input rows apart as
+// windows are along the row (and rows of taps one), it runs several output
+// rows at once, and each input vector it loads serves every (output row,
+// row of taps) pair that reads it: 30 loads for 72 FMAs in a 3x3 kernel (8
+// output rows), where one output row at a time takes 10 for 9. Lanes past a
+// row's last window load as zero on both sides, so every product is one the
+// sum has.
 // ---------------------------------------------------------------------------
 
 // 16 elements as float lanes (16-bit ones converted), or the first lanes of
@@ -1367,33 +1369,45 @@ inline __m512 load_floats(const c10::Half* p, __mmask16 valid) {
 
 inline __mmask16 first_lanes(int64_t count) { return static_cast<__mmask16>((1u << count) - 1); }
 
-// Elements [0, size) of a contiguous row as float to row[pad + w], up to
-// the row's `length` positions, in vectors (the last one masked).
-template <typename T>
-void stage_row_floats(const T* source, int64_t size, int64_t pad, int64_t length, float* row) {
-  size = std::clamp<int64_t>(length - pad, 0, size);
-  for (int64_t w = 0; w < size; w += 16) {
-    const __mmask16 valid = first_lanes(std::min<int64_t>(16, size - w));
-    _mm512_mask_storeu_ps(row + pad + w, valid, load_floats(source + w, valid));
-  }
-}
-
-// Where channels_first_rows stages an input plane (stride and dilation 1
-// along the row): `slices` x `rows` rows (every padded row some window
-// reads) of `length` positions, `row_pitch` floats apart, each from `lead`
-// on, so that the input row's first element lands on a cache line (aligned
-// stores where the rows are copied).
+// Where channels_first_rows stages an input plane (stride 1 or 2 and
+// dilation 1 along the row): `slices` x `rows` rows (every padded row some
+// window reads), `row_pitch` floats apart, each of `stride` phases of
+// `length` positions `phase_pitch` apart (element w of the padded row in
+// phase w % stride at w / stride). Stride 1 starts each row at `lead`, so
+// that the input row's first element lands on a cache line (aligned stores
+// where the rows are copied).
 struct RowLayout {
-  int64_t slices, rows, length, lead, row_pitch, slice_pitch, plane_pitch;
+  int64_t stride, slices, rows, length, lead, phase_pitch, row_pitch, slice_pitch, plane_pitch;
+  // How a contiguous input row is staged, the same for every row: from
+  // element `first` on, vectors of `stride` x 16 elements from `w`, the
+  // lanes of `load` loaded, the lanes of `store` stored into each phase.
+  struct Chunk {
+    int64_t w;
+    __mmask16 load[2], store[2];
+  };
+  int64_t first = 0;
+  std::vector<Chunk> chunks;
 
-  explicit RowLayout(const Args& args) {
+  explicit RowLayout(const Args& args) : stride(args.stride[2]) {
     slices = (args.out[0] - 1) * args.stride[0] + (args.kernel[0] - 1) * args.dilation[0] + 1;
     rows = (args.out[1] - 1) * args.stride[1] + (args.kernel[1] - 1) * args.dilation[1] + 1;
-    length = args.out[2] + args.kernel[2] - 1;
-    lead = (16 - args.pad_begin[2] % 16) % 16;
-    row_pitch = round_up(lead + length, 16);
+    length = args.out[2] + (args.kernel[2] - 1) / stride;
+    const int64_t pad = args.pad_begin[2];
+    lead = stride == 1 ? (16 - pad % 16) % 16 : 0;
+    phase_pitch = round_up(lead + length, 16);
+    row_pitch = stride * phase_pitch;
     slice_pitch = rows * row_pitch;
     plane_pitch = slices * slice_pitch;
+    // The elements below stride * length - pad; with stride 2, an odd first
+    // one alone, so that the vectors start in phase 0.
+    const int64_t size = std::clamp<int64_t>(stride * length - pad, 0, args.in[2]);
+    first = stride == 2 && pad % 2 == 1 ? std::min<int64_t>(1, size) : 0;
+    for (int64_t w = first; w < size; w += 16 * stride) {
+      const int64_t count = std::min<int64_t>(16 * stride, size - w);
+      Chunk chunk{w, {first_lanes(std::min<int64_t>(16, count)), first_lanes(std::clamp<int64_t>(count - 16, 0, 16))},
+                  {first_lanes((count + stride - 1) / stride), first_lanes(count / stride)}};
+      chunks.push_back(chunk);
+    }
   }
 
   // The staged row (slice uz, row uy) of `staged`.
@@ -1406,6 +1420,9 @@ struct RowLayout {
   template <typename T>
   void stage(const Args& args, const T* x, float* staged) const {
     const int64_t* x_strides = args.input_strides;
+    const int64_t pad = args.pad_begin[2];
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     for (int64_t iz = 0; iz < args.in[0]; ++iz) {
       const int64_t uz = iz + args.pad_begin[0];
       if (uz >= slices) break;
@@ -1413,10 +1430,23 @@ struct RowLayout {
         const int64_t uy = iy + args.pad_begin[1];
         if (uy >= rows) break;
         const T* source = x + iz * x_strides[2] + iy * x_strides[3];
-        if (x_strides[4] == 1)
-          stage_row_floats(source, args.in[2], args.pad_begin[2], length, row(staged, uz, uy));
-        else
-          stage_phases(source, x_strides[4], args.in[2], 1, args.pad_begin[2], length, 0, row(staged, uz, uy));
+        float* target = row(staged, uz, uy);
+        if (x_strides[4] != 1) {
+          stage_phases(source, x_strides[4], args.in[2], stride, pad, length, phase_pitch, target);
+        } else if (stride == 1) {
+          for (const Chunk& chunk : chunks)
+            _mm512_mask_storeu_ps(target + pad + chunk.w, chunk.store[0],
+                                  load_floats(source + chunk.w, chunk.load[0]));
+        } else {
+          if (first) target[phase_pitch + pad / 2] = static_cast<float>(source[0]);
+          for (const Chunk& chunk : chunks) {
+            const __m512 low = load_floats(source + chunk.w, chunk.load[0]);
+            const __m512 high = load_floats(source + chunk.w + 16, chunk.load[1]);
+            float* phases = target + (chunk.w + pad) / 2;
+            _mm512_mask_storeu_ps(phases, chunk.store[0], _mm512_permutex2var_ps(low, even, high));
+            _mm512_mask_storeu_ps(phases + phase_pitch, chunk.store[1], _mm512_permutex2var_ps(low, odd, high));
+          }
+        }
       }
     }
   }
@@ -1424,17 +1454,21 @@ struct RowLayout {
 
 // Output rows a tile runs at once where they share input rows: the sums
 // (kKH x kKW), the output rows' grad_output vectors and an input vector fit
-// the 32 registers.
-constexpr int shared_rows(int taps) { return taps <= 9 ? 8 : taps <= 15 ? 6 : 4; }
+// the 32 registers, and their rows' addresses most of the 16 general ones
+// (stride 2 reads twice the rows).
+constexpr int shared_rows(int taps, int stride) {
+  return stride == 1 ? (taps <= 9 ? 8 : taps <= 15 ? 6 : 4) : (taps <= 9 ? 4 : taps <= 15 ? 3 : 2);
+}
 
 // sums[ky][kx] = sum over output slices z, rows y and windows j of
-//   x[(z * s0 + kz * d0) slice][(y * s1 + (ky_first + ky) * d1) row][columns[kx] + j] * dy[z][y][j]
-// for ky < kKH, kx < kKW, x staged as `layout`, dy rows `dy_pitch` apart
-// (slices, rows). `share_rows`: s1 = d1 = 1.
-template <typename T, int kKH, int kKW>
+//   x[(z * s0 + kz * d0) slice][(y * s1 + (ky_first + ky) * d1) row][kStride * j + kx] * dy[z][y][j]
+// for ky < kKH, kx < kKW, x staged as `layout` (stride kStride along the
+// row), dy rows `dy_pitch` apart (slices, rows). `share_rows`: s1 =
+// kStride, d1 = 1.
+template <typename T, int kKH, int kKW, int kStride>
 void float_row_tile(const float* x, const RowLayout& layout, const Args& args, int64_t kz, int64_t ky_first,
                     bool share_rows, const T* dy, const int64_t* dy_pitch, float* sums_out) {
-  constexpr int kShared = shared_rows(kKH * kKW);
+  constexpr int kShared = shared_rows(kKH * kKW, kStride);
   __m512 sums[kKH][kKW];
 #pragma GCC unroll 16
   for (int ky = 0; ky < kKH; ++ky)
@@ -1442,33 +1476,40 @@ void float_row_tile(const float* x, const RowLayout& layout, const Args& args, i
     for (int kx = 0; kx < kKW; ++kx) sums[ky][kx] = _mm512_setzero_ps();
   const int64_t width = args.out[2];
   const int64_t ky_pitch = args.dilation[1] * layout.row_pitch;  // the input rows of consecutive rows of taps
+  const int64_t phase_pitch = layout.phase_pitch;
   // kRows output rows from `y` of slice `z`: input row u of the tile (output
-  // row i reads u = i + ky where rows are shared, else u = ky) at x_rows + u * ky_pitch.
-  const auto rows_at = [&]<int kRows>(int64_t z, int64_t y) {
+  // row i reads u = i * kStride + ky where rows are shared, else u = ky) at
+  // x_rows + u * ky_pitch, and tap kx reads phase kx % kStride of it from
+  // window kx / kStride on.
+  // (Inlined, so that the sums stay in registers.)
+  const auto rows_at = [&]<int kRows>(int64_t z, int64_t y) __attribute__((always_inline)) {
     const float* x_rows = layout.row(x, z * args.stride[0] + kz * args.dilation[0],
                                      y * args.stride[1] + ky_first * args.dilation[1]);
     const T* dy_rows[kRows];
 #pragma GCC unroll 16
     for (int i = 0; i < kRows; ++i) dy_rows[i] = dy + z * dy_pitch[0] + (y + i) * dy_pitch[1];
-    const float* x_row[kRows + kKH - 1];
+    constexpr int kInputRows = (kRows - 1) * kStride + kKH;
+    const float* x_row[kInputRows];
 #pragma GCC unroll 16
-    for (int u = 0; u < kRows + kKH - 1; ++u) x_row[u] = x_rows + u * ky_pitch;
-    const auto step = [&]<bool kTail>(int64_t j, __mmask16 valid) {
+    for (int u = 0; u < kInputRows; ++u) x_row[u] = x_rows + u * ky_pitch;
+    const auto step = [&]<bool kTail>(int64_t j, __mmask16 valid) __attribute__((always_inline)) {
       __m512 dy_lanes[kRows];
 #pragma GCC unroll 16
       for (int i = 0; i < kRows; ++i)
         dy_lanes[i] = kTail ? load_floats(dy_rows[i] + j, valid) : load_floats(dy_rows[i] + j);
 #pragma GCC unroll 16
-      for (int u = 0; u < kRows + kKH - 1; ++u)
+      for (int u = 0; u < kInputRows; ++u)
 #pragma GCC unroll 16
         for (int kx = 0; kx < kKW; ++kx) {
-          const float* p = x_row[u] + kx + j;
+          const float* p = x_row[u] + kx % kStride * phase_pitch + kx / kStride + j;
           __m512 x_lanes = kTail ? load_floats(p, valid) : load_floats(p);
           // One load for all its products: GCC would fold it into each FMA.
           asm("" : "+v"(x_lanes));
 #pragma GCC unroll 16
-          for (int i = 0; i < kRows; ++i)
-            if (u - i >= 0 && u - i < kKH) sums[u - i][kx] = _mm512_fmadd_ps(x_lanes, dy_lanes[i], sums[u - i][kx]);
+          for (int i = 0; i < kRows; ++i) {
+            const int ky = u - i * kStride;
+            if (ky >= 0 && ky < kKH) sums[ky][kx] = _mm512_fmadd_ps(x_lanes, dy_lanes[i], sums[ky][kx]);
+          }
         }
     };
     int64_t j = 0;
@@ -1501,7 +1542,7 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   const int64_t taps = kernel[0] * kernel[1] * kernel[2];
   const RowLayout layout(args);
   LineAlignedBuffer<float> staged_input(layout.plane_pitch);  // zeroed once: every plane writes the same positions
-  const bool share_rows = args.stride[1] == 1 && args.dilation[1] == 1;
+  const bool share_rows = args.stride[1] == args.stride[2] && args.dilation[1] == 1;
   // Tiles: (slice of taps, first row of taps, rows of taps), the rows of
   // taps split as evenly as possible.
   std::vector<std::array<int64_t, 3>> tiles;
@@ -1516,8 +1557,12 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
         const auto [kz, ky_first, tap_rows] = tile;
         float sums[kMostTapRows * 7];
         const auto run = [&]<int kKH, int kKW>() {
-          float_row_tile<T, kKH, kKW>(staged_input.data(), layout, args, kz, ky_first, share_rows, dy_plane,
-                                      dy_strides + 2, sums);
+          if (layout.stride == 1)
+            float_row_tile<T, kKH, kKW, 1>(staged_input.data(), layout, args, kz, ky_first, share_rows, dy_plane,
+                                           dy_strides + 2, sums);
+          else
+            float_row_tile<T, kKH, kKW, 2>(staged_input.data(), layout, args, kz, ky_first, share_rows, dy_plane,
+                                           dy_strides + 2, sums);
         };
         const auto with_rows = [&]<int kKW>() {
           if (tap_rows == 1) run.template operator()<1, kKW>();
@@ -1583,6 +1628,8 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
 #ifdef CPU_CAPABILITY_AVX512
   if (args.float_rows) {
     float* sums = static_cast<float*>(result);
+    if (args.dtype == Dtype::Float)
+      return channels_first_rows<float>(args, sample_begin, sample_end, channel_begin, channel_end, sums);
     if (args.dtype == Dtype::Half)
       return channels_first_rows<c10::Half>(args, sample_begin, sample_end, channel_begin, channel_end, sums);
     return channels_first_rows<c10::BFloat16>(args, sample_begin, sample_end, channel_begin, channel_end, sums);
