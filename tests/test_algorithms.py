@@ -1104,8 +1104,8 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # On an AVX-512 CPU without bf16 products, channels-first depthwise layers with 3, 5 or 7 taps
 # along the row (stride 1 or 2 and dilation 1 along it) run on float row tiles (elsewhere on the
 # other kernels): rows of 16 windows (one whole vector), 17 and 70 (a partial last one); 19 and 13
-# output rows, which run 8 (3 taps along the row), 6 (two rows of 7) or 4 (three rows of 7) at a
-# time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 3 + 2 + 2 and 3 + 3 + 3),
+# output rows, which run 8 (3 taps along the row), 4 (three rows of 7) or 3 (four rows of 7) at a
+# time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 4 + 3 and 3 + 3 + 3),
 # a single row of taps, asymmetric padding; stride 2 along both axes (4 output rows at a time, rows
 # staged into two phases: 32 elements and a partial vector, an odd padding that stages the first
 # element alone), stride 2 along the row only, and stride and dilation across rows (one output row
