@@ -105,6 +105,7 @@ bool amx_tiles_granted();
 
 #ifdef CPU_CAPABILITY
 
+#include "float_lanes.h"
 #include "line_aligned_buffer.h"
 #include "register_transpose.h"
 
@@ -125,6 +126,8 @@ namespace torch_convgrad::depthwise_kernel::CPU_CAPABILITY {
 
 using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 #if defined(CPU_CAPABILITY_AVX512)
+using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
+using ::torch_convgrad::CPU_CAPABILITY::load_floats;
 using ::torch_convgrad::CPU_CAPABILITY::load_transposed;
 using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
 #endif
@@ -1346,28 +1349,6 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
 // row's last window load as zero on both sides, so every product is one the
 // sum has.
 // ---------------------------------------------------------------------------
-
-// 16 elements as float lanes (16-bit ones converted), or the first lanes of
-// `valid` only (the others 0, not read).
-inline __m512 load_floats(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load_floats(const float* p, __mmask16 valid) { return _mm512_maskz_loadu_ps(valid, p); }
-inline __m512 widen_bf16(__m256i bits) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-inline __m512 load_floats(const c10::BFloat16* p) {
-  return widen_bf16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load_floats(const c10::BFloat16* p, __mmask16 valid) {
-  return widen_bf16(_mm256_maskz_loadu_epi16(valid, p));
-}
-inline __m512 load_floats(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline __m512 load_floats(const c10::Half* p, __mmask16 valid) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(valid, p));
-}
-
-inline __mmask16 first_lanes(int64_t count) { return static_cast<__mmask16>((1u << count) - 1); }
 
 // Where channels_first_rows stages an input plane (stride 1 or 2 and
 // dilation 1 along the row): `slices` x `rows` rows (every padded row some

@@ -89,6 +89,7 @@ TORCH_CONVGRAD_TAP_GEMM_DECLARE_GATHER
 
 #ifdef CPU_CAPABILITY
 
+#include "float_lanes.h"
 #include "line_aligned_buffer.h"
 #include "register_transpose.h"
 
@@ -114,6 +115,8 @@ namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY {
 
 using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 #ifdef CPU_CAPABILITY_AVX512
+using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
+using ::torch_convgrad::CPU_CAPABILITY::load_floats;
 using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
 #endif
 
@@ -124,7 +127,6 @@ using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
 using Vector = __m512;
 using LaneMask = __mmask16;
 constexpr int64_t kLanes = 16;
-inline LaneMask first_lanes(int64_t count) { return static_cast<LaneMask>((1u << count) - 1); }
 inline Vector zero_vector() { return _mm512_setzero_ps(); }
 inline Vector load(const float* p) { return _mm512_loadu_ps(p); }
 inline Vector load(const float* p, LaneMask mask) { return _mm512_maskz_loadu_ps(mask, p); }
@@ -132,23 +134,12 @@ inline void store(float* p, Vector v) { _mm512_storeu_ps(p, v); }
 inline void store(float* p, LaneMask mask, Vector v) { _mm512_mask_storeu_ps(p, mask, v); }
 inline Vector broadcast(const float* p) { return _mm512_set1_ps(*p); }
 inline Vector fma(Vector a, Vector b, Vector c) { return _mm512_fmadd_ps(a, b, c); }
-// kLanes elements as float32 (F16C and bf16's upper half, in one or two instructions).
-inline Vector load_as_float(const float* p) { return load(p); }
-inline Vector load_as_float(const c10::Half* p) {
-  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-}
-inline Vector load_as_float(const c10::BFloat16* p) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
+// kLanes elements as float32 (float_lanes.h).
+template <typename T>
+inline Vector load_as_float(const T* p) { return load_floats(p); }
 // The first `count` halves only (the others are not read, and are 0).
-inline Vector load_as_float(const c10::Half* p, int64_t count) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(first_lanes(count), p));
-}
-inline Vector load_as_float(const c10::BFloat16* p, int64_t count) {
-  const __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(first_lanes(count), p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
+template <typename T>
+inline Vector load_as_float(const T* p, int64_t count) { return load_floats(p, first_lanes(count)); }
 #else
 using Vector = __m256;
 using LaneMask = __m256i;
