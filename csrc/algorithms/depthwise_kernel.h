@@ -1444,37 +1444,41 @@ constexpr int shared_rows(int taps, int stride) {
 // Prefetches (into L2) the next plane of each tensor while the tiles run,
 // a few lines a step of 16 windows, so that memory reads overlap the
 // products (bursts of 16-32 lines before each block of rows held the
-// line-fill buffers and stalled the tiles).
+// line-fill buffers and stalled the tiles). Each plane has its own share of
+// lines a step, issued in one short loop: a loop over both planes' lines
+// that checked its range at each line took as many instructions a step as
+// the 3x3 tile's 72 FMAs, and MobileNetV2's f32 layer ran 1.15-1.16 times as
+// fast without it, ConvNeXt's 1.03-1.09 (Cascade Lake, 2 threads,
+// interleaved, two runs). Lines past a plane's end may be prefetched too:
+// the next plane's.
 class NextPlanes {
  public:
   // Ranges of bytes, spread over `steps` calls of step().
   void start(const void* x, int64_t x_bytes, const void* dy, int64_t dy_bytes, int64_t steps) {
     const void* begin[2] = {x, dy};
     const int64_t bytes[2] = {x_bytes, dy_bytes};
-    int64_t lines = 0;
     for (int i = 0; i < 2; ++i) {
       const auto first = reinterpret_cast<std::uintptr_t>(begin[i]) & ~std::uintptr_t{kLine - 1};
       next_[i] = reinterpret_cast<const char*>(first);
       end_[i] = static_cast<const char*>(begin[i]) + bytes[i];
-      lines += (end_[i] - next_[i] + kLine - 1) / kLine;
+      const int64_t lines = (end_[i] - next_[i] + kLine - 1) / kLine;
+      per_step_[i] = (lines + steps - 1) / std::max<int64_t>(steps, 1);
     }
-    range_ = 0;
-    per_step_ = (lines + steps - 1) / std::max<int64_t>(steps, 1);
   }
   void step() {
-    for (int64_t k = 0; k < per_step_ && range_ < 2; ++k) {
-      __builtin_prefetch(next_[range_], 0, 1);
-      next_[range_] += kLine;
-      if (next_[range_] >= end_[range_]) ++range_;
-    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; ++i)
+      if (next_[i] < end_[i]) {
+        for (int64_t k = 0; k < per_step_[i]; ++k) __builtin_prefetch(next_[i] + k * kLine, 0, 1);
+        next_[i] += per_step_[i] * kLine;
+      }
   }
 
  private:
   static constexpr int64_t kLine = 64;
   const char* next_[2] = {nullptr, nullptr};
   const char* end_[2] = {nullptr, nullptr};
-  int range_ = 2;
-  int64_t per_step_ = 0;
+  int64_t per_step_[2] = {0, 0};
 };
 
 // Steps of 16 windows a float row tile takes over a plane.
