@@ -1124,7 +1124,10 @@ FLOAT_ROW_CASES = {
     "stride-2-along-rows": (2, 3, (9, 50), (3, 7), dict(strides=(1, 2), pads_begin=(1, 3), pads_end=(1, 2))),
     "strided-rows": (2, 4, (23, 40), (3, 3), dict(strides=(2, 1), pads_begin=1, pads_end=1)),
     "dilated-rows": (2, 4, (20, 18), (5, 5), dict(dilations=(2, 1), pads_begin=(4, 2), pads_end=(4, 2))),
+    "wide-padding": (2, 3, (6, 40), (3, 3), dict(pads_begin=(1, 18), pads_end=(1, 17))),
+    "right-padding": (2, 3, (7, 40), (3, 3), dict(pads_begin=(1, 0), pads_end=(1, 4))),
     "1-D": (3, 7, (100,), (5,), dict(pads_begin=2, pads_end=1)),
+    "3-D-one-tap-row": (2, 3, (4, 6, 30), (3, 1, 3), dict(pads_begin=1, pads_end=1)),
     "3-D": (2, 3, (5, 12, 21), (3, 3, 3), dict(strides=(2, 1, 1), pads_begin=1, pads_end=1)),
 }
 
@@ -1154,7 +1157,7 @@ def test_channels_first_depthwise_rows(case, view, dtype):
 def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_reference_has_them(
         stride, value, holder, position, dtype):
     """The lanes past a row's last window load as zero on both sides, and the padding is staged as
-    zeros: an infinity or NaN in the input's first or last column or last row reaches only the taps
+    zeros (f32 rows, read in place, mask it off): an infinity or NaN in the input's first or last column or last row reaches only the taps
     that read it, and one in the output gradient's corners meets the padding (NaN) as in the
     reference. 20 windows a row (one whole vector and a partial one), or 10 with stride 2."""
     x = rand(data_shape(2, 16, (21, 20), "NCX"), dtype, seed=63)
