@@ -1126,6 +1126,7 @@ FLOAT_ROW_CASES = {
     "dilated-rows": (2, 4, (20, 18), (5, 5), dict(dilations=(2, 1), pads_begin=(4, 2), pads_end=(4, 2))),
     "wide-padding": (2, 3, (6, 40), (3, 3), dict(pads_begin=(1, 18), pads_end=(1, 17))),
     "right-padding": (2, 3, (7, 40), (3, 3), dict(pads_begin=(1, 0), pads_end=(1, 4))),
+    "padding-past-the-windows": (2, 3, (4, 3), (1, 7), dict(pads_begin=(0, 17), pads_end=0)),
     "1-D": (3, 7, (100,), (5,), dict(pads_begin=2, pads_end=1)),
     "3-D-one-tap-row": (2, 3, (4, 6, 30), (3, 1, 3), dict(pads_begin=1, pads_end=1)),
     "3-D": (2, 3, (5, 12, 21), (3, 3, 3), dict(strides=(2, 1, 1), pads_begin=1, pads_end=1)),

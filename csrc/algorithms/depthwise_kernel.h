@@ -1489,16 +1489,17 @@ constexpr int kMostMaskedSteps = 4;
 // Where a float row tile reads its input rows: row(uz, uy) is padded row
 // (slice uz, row uy) such that row[w] is padded position w along it. Steps of
 // 16 windows from whole_steps_begin() to whole_steps_end() read 16 whole
-// windows within the row; the others read the lanes columns_read(j, kx) of
-// tap kx at window j (and no window past the last).
+// windows within the row; the others, below `width` windows, read the lanes
+// columns_read(j, kx) of tap kx at window j (and no window past the last).
 //
 // StagedRows: the plane staged as float with its padding (RowLayout).
 struct StagedRows {
   const float* staged;
   const RowLayout& layout;
+  int64_t width;  // windows along the row
   const float* row(int64_t uz, int64_t uy) const { return layout.row(staged, uz, uy); }
   int64_t whole_steps_begin() const { return 0; }
-  int64_t whole_steps_end(int64_t width, int64_t) const { return width / 16 * 16; }
+  int64_t whole_steps_end() const { return width / 16 * 16; }
   // Padding is staged as zeros: every lane reads.
   __mmask16 columns_read(int64_t, int64_t) const { return 0xFFFF; }
 };
@@ -1511,34 +1512,35 @@ struct StagedRows {
 struct InPlaceRows {
   const float* plane;
   int64_t stride_z, stride_y, pad_z, pad_y, pad_x, in_z, in_y, in_x;
-  const float* zeros;  // round_up(width, 16) + taps along the row + 16 of them
+  int64_t width, taps;  // windows and taps along the row
+  const float* zeros;  // round_up(width, 16) + taps + 16 of them
 
   InPlaceRows(const Args& args, const float* plane_, const float* zeros_)
       : plane(plane_), stride_z(args.input_strides[2]), stride_y(args.input_strides[3]),
         pad_z(args.pad_begin[0]), pad_y(args.pad_begin[1]), pad_x(args.pad_begin[2]), in_z(args.in[0]),
-        in_y(args.in[1]), in_x(args.in[2]), zeros(zeros_) {}
+        in_y(args.in[1]), in_x(args.in[2]), width(args.out[2]), taps(args.kernel[2]), zeros(zeros_) {}
   // Whether a tile's masked steps fit kMostMaskedSteps (at stride 1 along
   // the row, unit-stride rows).
   static bool fits(const Args& args) {
-    const int64_t width = args.out[2], taps = args.kernel[2];
-    InPlaceRows probe(args, nullptr, nullptr);
-    const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end(width, taps);
+    const InPlaceRows probe(args, nullptr, nullptr);
+    const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end();
     return args.stride[2] == 1 && args.dilation[2] == 1 && args.input_strides[4] == 1 &&
-           first / 16 + (width - last + 15) / 16 <= kMostMaskedSteps;
+           first / 16 + (probe.width - last + 15) / 16 <= kMostMaskedSteps;
   }
   const float* row(int64_t uz, int64_t uy) const {
     const int64_t iz = uz - pad_z, iy = uy - pad_y;
     if (iz < 0 || iz >= in_z || iy < 0 || iy >= in_y) return zeros;
     return plane + iz * stride_z + iy * stride_y - pad_x;
   }
-  // From the first step whose windows read no column left of the row.
-  int64_t whole_steps_begin() const { return round_up(pad_x, 16); }
+  // From the first step whose windows read no column left of the row (or
+  // past the last window: padding wider than the windows).
+  int64_t whole_steps_begin() const { return std::min(round_up(pad_x, 16), round_up(width, 16)); }
   // Up to the first step whose windows pass the last window or the row's end.
-  int64_t whole_steps_end(int64_t width, int64_t taps) const {
+  int64_t whole_steps_end() const {
     const int64_t begin = whole_steps_begin();
     // Step j is whole when j + 16 <= width and j + 15 + taps - 1 - pad_x < in_x.
     const int64_t last = std::min(width - 16, in_x + pad_x - taps - 15);
-    return last < begin ? begin : std::max(begin, (last / 16 + 1) * 16);
+    return last < begin ? begin : (last / 16 + 1) * 16;
   }
   __mmask16 columns_read(int64_t j, int64_t kx) const {
     // Lanes l with 0 <= j + l + kx - pad_x < in_x.
@@ -1556,9 +1558,9 @@ inline int64_t float_row_tile_steps(const Args& args, int64_t taps, bool share_r
 
 // sums[ky][kx] = sum over output slices z, rows y and windows j of
 //   x[(z * s0 + kz * d0) slice][(y * s1 + (ky_first + ky) * d1) row][kStride * j + kx] * dy[z][y][j]
-// for ky < kKH, kx < kKW, x staged as `layout` (stride kStride along the
-// row), dy rows `dy_pitch` apart (slices, rows). `share_rows`: s1 =
-// kStride, d1 = 1.
+// for ky < kKH, kx < kKW, x's rows read through `x` (StagedRows: staged as
+// `layout`, stride kStride along the row; or InPlaceRows, stride 1), dy rows
+// `dy_pitch` apart (slices, rows). `share_rows`: s1 = kStride, d1 = 1.
 template <typename T, int kKH, int kKW, int kStride, typename Rows>
 void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, int64_t kz, int64_t ky_first,
                     bool share_rows, const T* dy, const int64_t* dy_pitch, NextPlanes& next_planes, float* sums_out) {
@@ -1574,7 +1576,7 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
   // masked ones before and after, whose lanes (masks[0..kKW - 1] for tap kx,
   // masks[kKW] for grad_output) hold windows below `width` that read the row.
   // Computed once: at most kMostMaskedSteps of them (Rows::fits).
-  const int64_t whole_begin = x.whole_steps_begin(), whole_end = x.whole_steps_end(width, kKW);
+  const int64_t whole_begin = x.whole_steps_begin(), whole_end = x.whole_steps_end();
   __mmask16 step_masks[kMostMaskedSteps][kKW + 1];
   int masked_steps = 0;
   const auto add_masks = [&](int64_t j) {
@@ -1703,7 +1705,7 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
               return;
             }
           }
-          const StagedRows rows{staged_input.data(), layout};
+          const StagedRows rows{staged_input.data(), layout, args.out[2]};
           if (layout.stride == 1)
             float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
                                            next_planes, sums);
