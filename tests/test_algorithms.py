@@ -235,12 +235,16 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
 # samples in batches where a sample has 512 rows or more (24x24, 600 in 1-D), and one at a time
 # below (22x22): groups, float64, a stride-1 1-D layer, samples read at a stride (a slice of a larger
 # batch), 3 taps down the columns (read in place at row offsets), 1024 -> 1024 channels (a batch of
-# 2 samples, then 1, accumulated), and f16 (converted a sample at a time, never batched).
+# 2 samples, then 1, accumulated), 1000 -> 1100 (a sample a batch, accumulated into products written
+# transposed, as every batch with more output than input channels is), and f16 (converted a sample
+# at a time, never batched).
 @pytest.mark.parametrize("case", [
     dict(size=(24, 24)), dict(size=(24, 24), groups=2), dict(size=(24, 24), dtype=torch.float64),
     dict(size=(600,)), dict(size=(24, 24), sample_step=2), dict(size=(26, 24), kernel=(3, 1)),
-    dict(size=(24, 24), c=1024, o=1024), dict(size=(22, 22)), dict(size=(24, 24), dtype=torch.float16),
-], ids=["24x24", "groups", "f64", "1-D", "sample-stride", "3-taps", "two-batches", "22x22", "f16"])
+    dict(size=(24, 24), c=1024, o=1024), dict(size=(24, 24), c=1000, o=1100), dict(size=(22, 22)),
+    dict(size=(24, 24), dtype=torch.float16),
+], ids=["24x24", "groups", "f64", "1-D", "sample-stride", "3-taps", "two-batches", "transposed-batches", "22x22",
+        "f16"])
 def test_gemm_multiplies_channels_first_samples_in_batches(case):
     n, c, o, size = 3, case.get("c", 8), case.get("o", 12), case["size"]
     dtype, groups, step = case.get("dtype", torch.float32), case.get("groups", 1), case.get("sample_step", 1)
