@@ -231,6 +231,36 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
+# Channels-first f32 input whose strided last axis gemm reads as rows of whole phases with no
+# padding (a 1-D layer like an audio front end's) goes to the fused kernel in place, each channel's
+# positions a run of rows: 1-D, 2-D and 3-D kernels, groups, views whose channels or samples lie
+# further apart than dense data's, and an output gradient with channels-last strides (read as rows
+# as it is); one thread multiplies every sample in turn, two their own runs of samples.
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", [
+    dict(size=(103,), kernel=(10,), strides=(5,)), dict(size=(6, 12), kernel=(3, 4), strides=(1, 2)),
+    dict(size=(3, 4, 8), kernel=(2, 2, 4), strides=(1, 1, 2)), dict(size=(40,), kernel=(3,), strides=(2,), groups=2),
+    dict(size=(40,), kernel=(4,), strides=(2,), view="channel-slice"),
+    dict(size=(40,), kernel=(4,), strides=(2,), view="sample-slice"),
+    dict(size=(6, 12), kernel=(3, 4), strides=(1, 2), view="channels-last-dy"),
+], ids=["1-D", "2-D", "3-D", "groups", "channel-slice", "sample-slice", "channels-last-dy"])
+def test_gemm_reads_channels_first_input_in_place(case, threads):
+    n, c, o, size, groups, view = 3, 8, 12, case["size"], case.get("groups", 1), case.get("view")
+    attributes = dict(strides=case["strides"], groups=groups, data_format="NCX", filter_format="OIX")
+    kernel = case["kernel"]
+    out = output_size(size, kernel, attributes)
+    x = rand(data_shape(2 * n, 2 * c, size, "NCX"), torch.float32, seed=61)
+    x = x[::2, :c] if view == "sample-slice" else x[:n, ::2] if view == "channel-slice" else x[:n, :c].contiguous()
+    dy = rand(data_shape(n, o, out, "NCX"), torch.float32, seed=62)
+    if view == "channels-last-dy":
+        dy = dy.movedim(1, -1).contiguous().movedim(-1, 1)
+    shape = [o, c // groups, *kernel]
+    with setting(torch.get_num_threads, torch.set_num_threads, threads):
+        result, ran = run("gemm", x, dy, shape, attributes)
+    assert ran == "gemm"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), torch.float32)
+
+
 # Channels-first data that gemm reads in place does not flatten across samples: BLAS multiplies the
 # samples in batches where a sample has 512 rows or more (24x24, 600 in 1-D), and one at a time
 # below (22x22): groups, float64, a stride-1 1-D layer, samples read at a stride (a slice of a larger

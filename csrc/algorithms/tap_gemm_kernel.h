@@ -30,6 +30,7 @@ struct Args {
   int64_t taps, channels_a, channels_b;
   float* out;  // (taps * channels_a, channels_b), row stride channels_b
   bool accumulate;
+  int64_t a_channel_stride;  // between A's channels (1: row-major)
 };
 
 // Computes out[m][o] for m in [m_begin, m_end), o in [o_begin, o_end) (m_begin
@@ -318,7 +319,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   // Where each m reads A in the chunk's first row, from the chunk's first row.
   std::vector<int64_t> m_offsets(m_end - m_begin);
   for (int64_t m = m_begin, tap = first_tap, channel = m_begin % args.channels_a; m < m_end; ++m) {
-    m_offsets[m - m_begin] = args.offsets[tap] + channel;
+    m_offsets[m - m_begin] = args.offsets[tap] + channel * args.a_channel_stride;
     if (++channel == args.channels_a) channel = 0, ++tap;
   }
   for (int64_t r0 = 0; r0 < args.rows; r0 += chunk_rows) {
@@ -375,7 +376,11 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const auto [row_begin, row_end] = next_chunk.next();
         prefetch_rows(b_data, args.ldb, row_begin, row_end, o_begin, o_end);
-        prefetch_rows(ahead, args.lda, row_begin, row_end, channel_begin, channel_end);
+        if (args.a_channel_stride == 1)
+          prefetch_rows(ahead, args.lda, row_begin, row_end, channel_begin, channel_end);
+        else  // each channel's run of positions
+          prefetch_rows(ahead, args.a_channel_stride, channel_begin, channel_end, row_begin * args.lda,
+                        row_end * args.lda);
         const int64_t m0 = m_begin + tile * kTileM, height = std::min(kTileM, m_end - m0);
         pick_tile(height, width)(a_tiles.data() + tile * kTileM, lda, packed_b.data() + slab * rows * kTileO, rows,
                                  args.out + m0 * args.channels_b + o0, args.channels_b, width, zero);
