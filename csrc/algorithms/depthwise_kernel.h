@@ -1204,6 +1204,18 @@ void channels_first_impl(const Args& args, int64_t sample_begin, int64_t sample_
   }
 }
 
+// Where the input and grad_output planes after plane (n, c) begin, in
+// elements, in the order a task visits them (its channels, a sample at a
+// time), to prefetch them; false after its last.
+inline bool next_plane(const Args& args, int64_t n, int64_t c, int64_t channel_begin, int64_t channel_end,
+                       int64_t sample_end, int64_t (&offsets)[2]) {
+  if (c + 1 == channel_end && n + 1 == sample_end) return false;
+  const int64_t next_n = c + 1 < channel_end ? n : n + 1, next_c = c + 1 < channel_end ? c + 1 : channel_begin;
+  offsets[0] = next_n * args.input_strides[0] + next_c * args.input_strides[1];
+  offsets[1] = next_n * args.grad_output_strides[0] + next_c * args.grad_output_strides[1];
+  return true;
+}
+
 #ifdef TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS
 // ---------------------------------------------------------------------------
 // channels_first on bf16 pairs (Args::bf16_planes: depthwise, stride 1 along
@@ -1302,13 +1314,10 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
       });
       // The next (sample, channel)'s planes, where planes are contiguous, a
       // part a tile.
-      const bool prefetch_next = args.dense_planes && !(c + 1 == channel_end && n + 1 == sample_end);
-      const int64_t next_n = c + 1 < channel_end ? n : n + 1, next_c = c + 1 < channel_end ? c + 1 : channel_begin;
-      const char* next_planes[2] = {
-          prefetch_next ? reinterpret_cast<const char*>(input + next_n * x_strides[0] + next_c * x_strides[1])
-                        : nullptr,
-          prefetch_next ? reinterpret_cast<const char*>(grad_output + next_n * dy_strides[0] + next_c * dy_strides[1])
-                        : nullptr};
+      int64_t next[2];
+      const bool prefetch_next = args.dense_planes && next_plane(args, n, c, channel_begin, channel_end, sample_end, next);
+      const char* next_planes[2] = {prefetch_next ? reinterpret_cast<const char*>(input + next[0]) : nullptr,
+                                    prefetch_next ? reinterpret_cast<const char*>(grad_output + next[1]) : nullptr};
       const int64_t plane_bytes[2] = {x_plane_bytes, dy_plane_bytes};
       const uint16_t* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
       const int64_t parts = static_cast<int64_t>(tiles.size());
@@ -1686,13 +1695,10 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
       const T* x_plane = input + n * x_strides[0] + c * x_strides[1];
       if (!in_place) layout.stage(args, x_plane, staged_input.data());
       const T* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
-      if (prefetch && !(c + 1 == channel_end && n + 1 == sample_end)) {
-        const int64_t next_n = c + 1 < channel_end ? n : n + 1, next_c = c + 1 < channel_end ? c + 1 : channel_begin;
-        next_planes.start(input + next_n * x_strides[0] + next_c * x_strides[1],
-                          args.in[0] * args.in[1] * args.in[2] * sizeof(T),
-                          grad_output + next_n * dy_strides[0] + next_c * dy_strides[1],
+      int64_t next[2];
+      if (prefetch && next_plane(args, n, c, channel_begin, channel_end, sample_end, next))
+        next_planes.start(input + next[0], args.in[0] * args.in[1] * args.in[2] * sizeof(T), grad_output + next[1],
                           args.out[0] * args.out[1] * args.out[2] * sizeof(T), steps);
-      }
       for (const auto& tile : tiles) {
         const auto [kz, ky_first, tap_rows] = tile;
         float sums[kMostTapRows * 7];
