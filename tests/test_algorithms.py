@@ -231,11 +231,13 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
-# Channels-first f32 input whose strided last axis gemm reads as rows of whole phases with no
-# padding (a 1-D layer like an audio front end's) goes to the fused kernel in place, each channel's
-# positions a run of rows: 1-D, 2-D and 3-D kernels, groups, views whose channels or samples lie
-# further apart than dense data's, and an output gradient with channels-last strides (read as rows
-# as it is); one thread multiplies every sample in turn, two their own runs of samples.
+# Channels-first input whose strided last axis gemm reads as rows of whole phases with no padding
+# (a 1-D layer like an audio front end's) goes to the fused kernel in place, each channel's
+# positions a run of rows (f16/bf16 runs converted a chunk of rows at a time): 1-D, 2-D and 3-D
+# kernels, groups, views whose channels or samples lie further apart than dense data's, and an
+# output gradient with channels-last strides (read as rows as it is); one thread multiplies every
+# sample in turn, two their own runs of samples.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", [
     dict(size=(103,), kernel=(10,), strides=(5,)), dict(size=(6, 12), kernel=(3, 4), strides=(1, 2)),
@@ -244,21 +246,21 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     dict(size=(40,), kernel=(4,), strides=(2,), view="sample-slice"),
     dict(size=(6, 12), kernel=(3, 4), strides=(1, 2), view="channels-last-dy"),
 ], ids=["1-D", "2-D", "3-D", "groups", "channel-slice", "sample-slice", "channels-last-dy"])
-def test_gemm_reads_channels_first_input_in_place(case, threads):
+def test_gemm_reads_channels_first_input_in_place(case, threads, dtype):
     n, c, o, size, groups, view = 3, 8, 12, case["size"], case.get("groups", 1), case.get("view")
     attributes = dict(strides=case["strides"], groups=groups, data_format="NCX", filter_format="OIX")
     kernel = case["kernel"]
     out = output_size(size, kernel, attributes)
-    x = rand(data_shape(2 * n, 2 * c, size, "NCX"), torch.float32, seed=61)
+    x = rand(data_shape(2 * n, 2 * c, size, "NCX"), dtype, seed=61)
     x = x[::2, :c] if view == "sample-slice" else x[:n, ::2] if view == "channel-slice" else x[:n, :c].contiguous()
-    dy = rand(data_shape(n, o, out, "NCX"), torch.float32, seed=62)
+    dy = rand(data_shape(n, o, out, "NCX"), dtype, seed=62)
     if view == "channels-last-dy":
         dy = dy.movedim(1, -1).contiguous().movedim(-1, 1)
     shape = [o, c // groups, *kernel]
     with setting(torch.get_num_threads, torch.set_num_threads, threads):
         result, ran = run("gemm", x, dy, shape, attributes)
     assert ran == "gemm"
-    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), torch.float32)
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
 # Channels-first data that gemm reads in place does not flatten across samples: BLAS multiplies the
@@ -397,7 +399,8 @@ def test_gemm_of_other_capabilities(capability, tmp_path):
     BLAS alone (CPUs without AVX2: f16/bf16 converted as they are packed, or a block of samples at a
     time where BLAS reads them in place, 1x1 in both layouts) and, on an AVX-512 CPU, the fused
     kernel's AVX2 build (f32, f16 and bf16, channel counts that leave partial tiles of both builds),
-    and channels-first f32 rows long enough for whole blocks of the builds' transpositions."""
+    channels-first f32 rows long enough for whole blocks of the builds' transpositions, and a
+    channels-first 1-D layer the fused kernel reads in place (f32, f16 and bf16)."""
     problems = []
     for data_format, dtype, channels, out_channels in (("NXC", torch.float32, 13, 21), ("NCX", torch.float16, 7, 40),
                                                          ("NXC", torch.bfloat16, 20, 9)):
@@ -413,6 +416,10 @@ def test_gemm_of_other_capabilities(capability, tmp_path):
     x = rand(data_shape(2, 20, (6, 19), "NCX"), torch.float32, seed=17)
     dy = rand(data_shape(2, 24, (6, 19), "NCX"), torch.float32, seed=18)
     problems.append((x, dy, [24, 20, 3, 3], dict(pads_begin=1, pads_end=1, data_format="NCX", filter_format="OIX")))
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        x = rand(data_shape(2, 9, (43,), "NCX"), dtype, seed=19)
+        dy = rand(data_shape(2, 20, (20,), "NCX"), dtype, seed=20)
+        problems.append((x, dy, [20, 9, 4], dict(strides=2, data_format="NCX", filter_format="OIX")))
     check_under_capability(problems, capability, "gemm", tmp_path)
 
 

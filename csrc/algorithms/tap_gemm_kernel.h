@@ -299,10 +299,16 @@ class RowRuns {
 // a chunk computes, the next chunk's rows of B, and of A at the block's
 // largest offset (the rows no earlier chunk has read), are prefetched a few
 // lines per tile: long-K operands stream from memory, and the copies would
-// stall on it.
+// stall on it. f16/bf16 A laid out channels-first (a_channel_stride != 1)
+// is not packed but converted a chunk at a time, each channel's run of
+// positions at once, and read from that copy: a channel's element converts
+// once for all the taps that read it, in vectors, where packing converts it
+// once a tap, element by element.
 template <typename T>
 void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows,
               bool pack_a) {
+  const bool converts_runs = !std::is_same_v<T, float> && args.a_channel_stride != 1;
+  pack_a = pack_a && !converts_runs;
   const T* const a_data = static_cast<const T*>(args.a);
   const T* const b_data = static_cast<const T*>(args.b);
   const int64_t slabs = (o_end - o_begin + kTileO - 1) / kTileO;
@@ -314,12 +320,20 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const int64_t first_tap = m_begin / args.channels_a, last_tap = (m_end - 1) / args.channels_a;
   const int64_t channel_begin = first_tap == last_tap ? m_begin % args.channels_a : 0;
   const int64_t channel_end = first_tap == last_tap ? (m_end - 1) % args.channels_a + 1 : args.channels_a;
-  // The block's tap that reads furthest into A, to prefetch from.
-  const T* const ahead = a_data + *std::max_element(args.offsets + first_tap, args.offsets + last_tap + 1);
-  // Where each m reads A in the chunk's first row, from the chunk's first row.
-  std::vector<int64_t> m_offsets(m_end - m_begin);
+  // The block's taps' least and greatest offsets; from the greatest (the tap
+  // that reads furthest into A) it prefetches.
+  const int64_t lowest = *std::min_element(args.offsets + first_tap, args.offsets + last_tap + 1);
+  const int64_t highest = *std::max_element(args.offsets + first_tap, args.offsets + last_tap + 1);
+  const T* const ahead = a_data + highest;
+  // converts_runs: each channel's positions that a chunk's taps read, as float32.
+  const int64_t run_pitch = converts_runs ? (chunk_rows - 1) * args.lda + highest - lowest + 1 : 0;
+  LineAlignedBuffer<float> runs((channel_end - channel_begin) * run_pitch);
+  // Where each m reads A in the chunk's first row, from the chunk's first
+  // row: in A, and in the runs.
+  std::vector<int64_t> m_offsets(m_end - m_begin), run_offsets(m_end - m_begin);
   for (int64_t m = m_begin, tap = first_tap, channel = m_begin % args.channels_a; m < m_end; ++m) {
     m_offsets[m - m_begin] = args.offsets[tap] + channel * args.a_channel_stride;
+    run_offsets[m - m_begin] = (channel - channel_begin) * run_pitch + args.offsets[tap] - lowest;
     if (++channel == args.channels_a) channel = 0, ++tap;
   }
   for (int64_t r0 = 0; r0 < args.rows; r0 += chunk_rows) {
@@ -334,7 +348,17 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
     }
     for (int64_t i = 0; i < m_end - m_begin; ++i) a[i] = a_data + m_offsets[i] + r0 * args.lda;
     int64_t lda = args.lda;
-    if (pack_a) {
+    if (converts_runs) {
+      const int64_t count = (rows - 1) * args.lda + highest - lowest + 1;
+      for (int64_t channel = channel_begin; channel < channel_end; ++channel) {
+        const T* source = a_data + channel * args.a_channel_stride + lowest + r0 * args.lda;
+        float* target = runs.data() + (channel - channel_begin) * run_pitch;
+        int64_t e = 0;
+        for (; e + kLanes <= count; e += kLanes) store(target + e, load_as_float(source + e));
+        for (; e < count; ++e) target[e] = to_float(source[e]);
+      }
+      for (int64_t i = 0; i < m_end - m_begin; ++i) a_tiles[i] = runs.data() + run_offsets[i];
+    } else if (pack_a) {
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const T* const* source = a.data() + tile * kTileM;
         const int64_t height = std::min(kTileM, m_end - m_begin - tile * kTileM);
