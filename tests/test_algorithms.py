@@ -231,24 +231,39 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
-# Channels-first input whose strided last axis gemm reads as rows of whole phases with no padding
-# (a 1-D layer like an audio front end's) goes to the fused kernel in place, each channel's
-# positions a run of rows (f16/bf16 runs converted a chunk of rows at a time): 1-D, 2-D and 3-D
-# kernels, groups, views whose channels or samples lie further apart than dense data's, and an
-# output gradient with channels-last strides (read as rows as it is); one thread multiplies every
-# sample in turn, two their own runs of samples.
+# Channels-first 1-D input goes to gemm's fused kernel in place, whatever the stride, dilation and
+# padding: positions in the padding read as zero (the chunks of rows that reach them copied), and
+# f16/bf16 converted a chunk at a time. An audio-like stride that the kernel divides, strides that
+# leave phases unread, dilation, asymmetric and wide padding (windows wholly in it), 700 positions
+# (several chunks of 128 rows, the middle ones read where they lie in f32), groups, views whose
+# channels or samples lie further apart than dense data's, one channel, and an output gradient with
+# channels-last strides (read as rows as it is); one thread multiplies every sample in turn, two
+# their own runs of samples. (2-D layers are packed, those of height 1 too where a kernel or
+# padding reaches beyond the one row: a row of windows above it reads only padding.)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", [
-    dict(size=(103,), kernel=(10,), strides=(5,)), dict(size=(6, 12), kernel=(3, 4), strides=(1, 2)),
-    dict(size=(3, 4, 8), kernel=(2, 2, 4), strides=(1, 1, 2)), dict(size=(40,), kernel=(3,), strides=(2,), groups=2),
-    dict(size=(40,), kernel=(4,), strides=(2,), view="channel-slice"),
+    dict(size=(103,), kernel=(10,), strides=(5,)),
+    dict(size=(40,), kernel=(3,), strides=(2,), pads=(1, 1)),
+    dict(size=(41,), kernel=(2,), strides=(3,)),
+    dict(size=(37,), kernel=(3,), strides=(1,), dilations=(4,), pads=(5, 2)),
+    dict(size=(9,), kernel=(2,), strides=(2,), pads=(6, 7)),
+    dict(size=(700,), kernel=(5,), strides=(2,), pads=(2, 2)),
+    dict(size=(700,), kernel=(4,), strides=(1,), pads=(0, 3), c=1),
+    dict(size=(40,), kernel=(3,), strides=(2,), pads=(1, 0), groups=2),
+    dict(size=(40,), kernel=(4,), strides=(2,), pads=(1, 1), view="channel-slice"),
     dict(size=(40,), kernel=(4,), strides=(2,), view="sample-slice"),
-    dict(size=(6, 12), kernel=(3, 4), strides=(1, 2), view="channels-last-dy"),
-], ids=["1-D", "2-D", "3-D", "groups", "channel-slice", "sample-slice", "channels-last-dy"])
+    dict(size=(40,), kernel=(3,), strides=(2,), pads=(1, 1), view="channels-last-dy"),
+    dict(size=(6, 12), kernel=(3, 4), strides=(1, 2)),
+    dict(size=(1, 12), kernel=(3, 3), strides=(1, 2), pads=(1, 1)),
+    dict(size=(1, 12), kernel=(1, 3), strides=(1, 2), pads=((1, 0), (0, 0))),
+], ids=["audio", "padded", "unread-phases", "dilated", "all-padding", "chunks", "one-channel", "groups",
+        "channel-slice", "sample-slice", "channels-last-dy", "2-D", "height-1", "height-1-padding-read"])
 def test_gemm_reads_channels_first_input_in_place(case, threads, dtype):
-    n, c, o, size, groups, view = 3, 8, 12, case["size"], case.get("groups", 1), case.get("view")
-    attributes = dict(strides=case["strides"], groups=groups, data_format="NCX", filter_format="OIX")
+    n, c, o, size, groups, view = 3, case.get("c", 8), 12, case["size"], case.get("groups", 1), case.get("view")
+    pads = case.get("pads", (0, 0))
+    attributes = dict(strides=case["strides"], dilations=case.get("dilations", 1), pads_begin=pads[0],
+                      pads_end=pads[1], groups=groups, data_format="NCX", filter_format="OIX")
     kernel = case["kernel"]
     out = output_size(size, kernel, attributes)
     x = rand(data_shape(2 * n, 2 * c, size, "NCX"), dtype, seed=61)

@@ -121,9 +121,6 @@ struct Layout {
   AxisPlan plans[3];
   bool direct;   // the input serves as its own phase plane
   bool pitched;  // the output gradient needs the planes' (longer) row pitch
-  // The input would serve as its own plane but for its channels-first
-  // pixels: the fused kernel reads it so, in place (reads_input_in_place).
-  bool direct_channels_first = false;
 };
 
 Layout plan(const Geometry& g) {
@@ -145,12 +142,8 @@ Layout plan(const Geometry& g) {
     const bool pixels_contiguous = strides[1] == 1 && strides[4] == g.in_channels &&
                                    (g.in[1] == 1 || strides[3] == g.in[2] * strides[4]) &&
                                    (g.in[0] == 1 || strides[2] == g.in[1] * strides[3]);
-    const bool planes_direct = layout.plans[0].direct && layout.plans[1].direct && last.direct && whole_rows;
-    layout.direct = planes_direct && pixels_contiguous;
-    // Each channel's positions dense, in rows of unit stride.
-    const bool channels_dense = strides[4] == 1 && (g.in[1] == 1 || strides[3] == g.in[2]) &&
-                                (g.in[0] == 1 || strides[2] == g.in[1] * strides[3]);
-    layout.direct_channels_first = planes_direct && !pixels_contiguous && channels_dense;
+    layout.direct = layout.plans[0].direct && layout.plans[1].direct && last.direct && whole_rows &&
+                    pixels_contiguous;
   }
   // The output gradient's rows need the planes' pitch where a sample has
   // several lines of windows; with one line, only to multiply samples
@@ -439,43 +432,54 @@ TapPlacement place_taps(const Layout& layout, const Geometry& g) {
 }
 
 // What the fused kernel reads as A: phase planes (P, N, rows, C *
-// interleave), packed or read in place channels-last, or the caller's
-// channels-first input in place (Layout::direct_channels_first), whose
-// channels' rows lie channel_stride apart. Offsets in elements from a
-// sample's first, a tap each.
+// interleave), packed or read in place channels-last, or a 1-D input's
+// channels-first rows in place (reads_input_in_place), `positions` long,
+// channel_stride apart and zero outside. Offsets in elements from a sample's
+// first, a tap each.
 struct FusedInput {
   at::Tensor data;
-  int64_t sample_stride, lda, channel_stride;
+  int64_t sample_stride, lda, channel_stride, positions;
   std::vector<int64_t> offsets;
 };
 
 FusedInput fused_input_of_planes(const at::Tensor& planes, const TapPlacement& taps) {
-  FusedInput input{planes, planes.stride(1), planes.stride(2), 1, {}};
+  FusedInput input{planes, planes.stride(1), planes.stride(2), 1, 0, {}};
   for (size_t tap = 0; tap < taps.offset.size(); ++tap)
     input.offsets.push_back(taps.plane[tap] * planes.stride(0) + taps.offset[tap] * planes.stride(2) +
                             taps.column[tap]);
   return input;
 }
 
-// x5's rows of `interleave` positions: tap t reads a row `offset` rows on,
-// at its column (taps.column counts channels-last elements).
-FusedInput fused_input_in_place(const at::Tensor& x5, const Layout& layout, const TapPlacement& taps,
-                                const Geometry& g) {
-  const int64_t interleave = layout.plans[2].interleave;
-  FusedInput input{x5, x5.stride(0), interleave, x5.stride(1), {}};
-  for (size_t tap = 0; tap < taps.offset.size(); ++tap)
-    input.offsets.push_back(taps.offset[tap] * interleave + taps.column[tap] / g.in_channels);
+// The lifted 1-D input (N, C, 1, 1, L): window j's tap k reads position
+// j * s + k * d - pb, its row j.
+FusedInput fused_input_in_place(const at::Tensor& x5, const Geometry& g) {
+  FusedInput input{x5, x5.stride(0), g.stride[2], x5.stride(1), g.in[2], {}};
+  for (int64_t k = 0; k < g.kernel[2]; ++k) input.offsets.push_back(k * g.dilation[2] - g.pad_begin[2]);
   return input;
 }
 
-// Whether run() hands the caller's channels-first input to the fused kernel
-// in place (Layout::direct_channels_first), with no copy (f16/bf16 converted
-// by the kernel a chunk of rows at a time), where the input is A. Against
-// its transposition into rows, the benchmark's 1-D layer (k10 s5, 32 -> 64,
-// N=4, 16000) ran 1.14-1.25 times as fast in f32 and 1.10-1.19 in f16 and
-// bf16 (Cascade Lake, 2 threads, interleaved; 1.23-1.32 on one thread).
-bool reads_input_in_place(const Layout& layout, const Geometry& g, bool fused_rows) {
-  return layout.direct_channels_first && fused_rows && !fused_swaps_operands(g);
+// Whether run() hands the caller's channels-first 1-D input (unit-stride
+// rows) to the fused kernel in place, with no copy, whatever its stride,
+// dilation and padding (f16/bf16 converted by the kernel a chunk of rows at a
+// time, as are chunks that reach into the padding), where the input is A and
+// groups have at most 64 input and 64 output channels. Against its
+// transposition into rows (phase planes), on the Cascade Lake (2 threads,
+// N=4, interleaved; f32 / bf16): the benchmark's layer (k10 s5, 32 -> 64,
+// 16000) ran 1.14-1.25 / 1.10-1.19 times as fast, k3 s2 p1 layers of 48 and
+// 64 channels 1.18-1.23 / 1.06-1.09, k3 s1 p1 at 64 channels 1.08 / 1.03;
+// but with more channels, where the products outweigh the copy and the
+// kernel reads channels-first rows more slowly than packed ones, less: 96
+// channels 1.06 / 0.90, 128 0.98 / 0.82, 256 0.85 / 0.66, 64 -> 256 0.97 /
+// 0.92.
+bool reads_input_in_place(const Problem& problem, const Geometry& g, bool fused_rows) {
+  constexpr int64_t kMostChannels = 64;
+  // The first two axes: one position, which the only window's only tap reads.
+  bool one_axis = true;
+  for (int64_t axis = 0; axis < 2; ++axis)
+    one_axis &= g.in[axis] == 1 && g.kernel[axis] == 1 && g.out[axis] == 1 && g.pad_begin[axis] == 0;
+  return fused_rows && !fused_swaps_operands(g) && one_axis && g.input_strides[4] == 1 &&
+         (g.in_channels == 1 || problem.input.stride(1) != 1) && g.in_channels / g.groups <= kMostChannels &&
+         g.out_channels / g.groups <= kMostChannels;
 }
 
 // out (groups, taps, C/g, O/g) (+)= every tap's product over `product_rows`
@@ -492,7 +496,7 @@ void fused_products(const FusedInput& input, const at::Tensor& grad_output, int6
     tap_products(tap_element(input.data.scalar_type()), a + group * in_per_group * input.channel_stride * size,
                  input.lda, b + group * out_per_group * size, grad_output.stride(1), product_rows,
                  input.offsets.data(), g.taps(), in_per_group, out_per_group, out[group].mutable_data_ptr<float>(),
-                 accumulate, input.channel_stride);
+                 accumulate, input.channel_stride, input.positions);
 }
 
 // The same through BLAS in `dtype`, for `count` samples from `first`:
@@ -583,7 +587,11 @@ at::Tensor run(const Problem& problem) {
 
   const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
   const at::TensorOptions sums_options = x5.options().dtype(dtype);
-  const bool in_place = reads_input_in_place(layout, g, fused_rows);
+  const bool in_place = reads_input_in_place(problem, g, fused_rows);
+  // Its output gradient's rows, a window each (no planes' pitch to meet).
+  Layout windows_pitch = layout;
+  windows_pitch.plans[2].length = g.out[2];
+  const bool packs_windows = problem.grad_output.stride(1) != 1;
 
   if (multiplies_by_samples(layout, g, fused_rows, packs_dy)) {
     const int64_t threads = at::get_num_threads();
@@ -596,12 +604,13 @@ at::Tensor run(const Problem& problem) {
         const int64_t first = part * g.batch / threads, last = (part + 1) * g.batch / threads;
         for (int64_t n = first; n < last; ++n) {
           const at::Tensor x_n = x5.narrow(0, n, 1), dy_n = dy5.narrow(0, n, 1);
-          const at::Tensor grad_output = grad_output_rows(dy_n, layout, storage, sample, packs_dy);
           if (in_place) {
-            fused_products(fused_input_in_place(x_n, layout, placement, g), grad_output, 0, rows, g, partials[part],
-                           /*accumulate=*/n != first);
+            fused_products(fused_input_in_place(x_n, g), grad_output_rows(dy_n, windows_pitch, storage, sample,
+                                                                          packs_windows),
+                           0, g.out[2], g, partials[part], /*accumulate=*/n != first);
             continue;
           }
+          const at::Tensor grad_output = grad_output_rows(dy_n, layout, storage, sample, packs_dy);
           const at::Tensor planes =
               layout.direct ? input_rows(x_n, layout) : pack_input(x_n, plans, storage, sample, planes_first);
           if (fused_reads(planes, grad_output))
@@ -618,10 +627,11 @@ at::Tensor run(const Problem& problem) {
   }
 
   if (in_place) {  // a sample a product: channels-first samples do not flatten together
-    const at::Tensor grad_output = grad_output_rows(dy5, layout, storage, g, packs_dy);
-    const FusedInput input = fused_input_in_place(x5, layout, placement, g);
+    const at::Tensor grad_output = grad_output_rows(dy5, windows_pitch, storage, g, packs_windows);
+    const FusedInput input = fused_input_in_place(x5, g);
     const at::Tensor taps = empty_tap_sums(g, /*transposed=*/false, sums_options);
-    for (int64_t n = 0; n < g.batch; ++n) fused_products(input, grad_output, n, rows, g, taps, /*accumulate=*/n != 0);
+    for (int64_t n = 0; n < g.batch; ++n)
+      fused_products(input, grad_output, n, g.out[2], g, taps, /*accumulate=*/n != 0);
     return problem.finish(canonical_from_taps(taps, g, problem.spatial_rank()));
   }
 
@@ -718,7 +728,7 @@ double cost(const Problem& problem, const Geometry& g) {
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool fused = fused_kernel_reads_rows(problem, layout, g);
   const bool converts = !fused && dtype != accumulation_dtype(dtype);
-  const bool packs_planes = !layout.direct && !reads_input_in_place(layout, g, fused);
+  const bool packs_planes = !layout.direct && !reads_input_in_place(problem, g, fused);
   const bool packs_input = packs_planes || converts;
   const bool packs_dy = packs_grad_output(problem, layout, fused);
   const bool input_channels_last = problem.input.stride(1) == 1;

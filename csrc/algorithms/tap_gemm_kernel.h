@@ -31,6 +31,7 @@ struct Args {
   float* out;  // (taps * channels_a, channels_b), row stride channels_b
   bool accumulate;
   int64_t a_channel_stride;  // between A's channels (1: row-major)
+  int64_t a_positions;       // channels-first rows' positions, zero outside (0: unbounded)
 };
 
 // Computes out[m][o] for m in [m_begin, m_end), o in [o_begin, o_end) (m_begin
@@ -301,14 +302,17 @@ class RowRuns {
 // lines per tile: long-K operands stream from memory, and the copies would
 // stall on it. f16/bf16 A laid out channels-first (a_channel_stride != 1)
 // is not packed but converted a chunk at a time, each channel's run of
-// positions at once, and read from that copy: a channel's element converts
-// once for all the taps that read it, in vectors, where packing converts it
-// once a tap, element by element.
+// positions at once, and read from that copy (the runs): a channel's element
+// converts once for all the taps that read it, in vectors, where packing
+// converts it once a tap, element by element. Rows of a_positions
+// positions read zero outside them: chunks that reach past either end are
+// read from runs in float32 too.
 template <typename T>
 void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows,
               bool pack_a) {
-  const bool converts_runs = !std::is_same_v<T, float> && args.a_channel_stride != 1;
-  pack_a = pack_a && !converts_runs;
+  const bool bounded = args.a_positions > 0;
+  const bool always_runs = !std::is_same_v<T, float> && (args.a_channel_stride != 1 || bounded);
+  pack_a = pack_a && !always_runs;
   const T* const a_data = static_cast<const T*>(args.a);
   const T* const b_data = static_cast<const T*>(args.b);
   const int64_t slabs = (o_end - o_begin + kTileO - 1) / kTileO;
@@ -324,9 +328,9 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   // that reads furthest into A) it prefetches.
   const int64_t lowest = *std::min_element(args.offsets + first_tap, args.offsets + last_tap + 1);
   const int64_t highest = *std::max_element(args.offsets + first_tap, args.offsets + last_tap + 1);
-  const T* const ahead = a_data + highest;
-  // converts_runs: each channel's positions that a chunk's taps read, as float32.
-  const int64_t run_pitch = converts_runs ? (chunk_rows - 1) * args.lda + highest - lowest + 1 : 0;
+  const T* const ahead = a_data + std::max<int64_t>(highest, 0);
+  // Runs: each channel's positions that a chunk's taps read, as float32.
+  const int64_t run_pitch = always_runs || bounded ? (chunk_rows - 1) * args.lda + highest - lowest + 1 : 0;
   LineAlignedBuffer<float> runs((channel_end - channel_begin) * run_pitch);
   // Where each m reads A in the chunk's first row, from the chunk's first
   // row: in A, and in the runs.
@@ -346,16 +350,24 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
         convert_slab_row(source + o0, std::min(kTileO, o_end - o0), packed_b.data() + (slab * rows + r) * kTileO);
       }
     }
-    for (int64_t i = 0; i < m_end - m_begin; ++i) a[i] = a_data + m_offsets[i] + r0 * args.lda;
     int64_t lda = args.lda;
-    if (converts_runs) {
-      const int64_t count = (rows - 1) * args.lda + highest - lowest + 1;
+    // The positions the chunk reads, from `first` on.
+    const int64_t first = r0 * args.lda + lowest, count = (rows - 1) * args.lda + highest - lowest + 1;
+    const bool chunk_runs = always_runs || (bounded && (first < 0 || first + count > args.a_positions));
+    if (!chunk_runs)
+      for (int64_t i = 0; i < m_end - m_begin; ++i) a[i] = a_data + m_offsets[i] + r0 * args.lda;
+    if (chunk_runs) {
+      // Elements [begin, end) of a run lie inside the row.
+      const int64_t begin = bounded ? std::clamp<int64_t>(-first, 0, count) : 0;
+      const int64_t end = bounded ? std::clamp<int64_t>(args.a_positions - first, begin, count) : count;
       for (int64_t channel = channel_begin; channel < channel_end; ++channel) {
-        const T* source = a_data + channel * args.a_channel_stride + lowest + r0 * args.lda;
+        const T* row = a_data + channel * args.a_channel_stride;
         float* target = runs.data() + (channel - channel_begin) * run_pitch;
-        int64_t e = 0;
-        for (; e + kLanes <= count; e += kLanes) store(target + e, load_as_float(source + e));
-        for (; e < count; ++e) target[e] = to_float(source[e]);
+        std::fill(target, target + begin, 0.0f);
+        int64_t e = begin;
+        for (; e + kLanes <= end; e += kLanes) store(target + e, load_as_float(row + first + e));
+        for (; e < end; ++e) target[e] = to_float(row[first + e]);
+        std::fill(target + end, target + count, 0.0f);
       }
       for (int64_t i = 0; i < m_end - m_begin; ++i) a_tiles[i] = runs.data() + run_offsets[i];
     } else if (pack_a) {
