@@ -660,7 +660,7 @@ at::Tensor run(const Problem& problem) {
                       : 1;
   // Batches with more output than input channels a group are written
   // transposed, each product's larger side as its rows: MKL ran ResNet's 1x1
-  // 64->256 NCX f32 layer (N=8, 56x56, 2 threads) 1.09 times as fast so, and
+  // 64->256 NCX f32 layer (N=8, 56x56, 2 threads) 1.10-1.35 times as fast so (three runs), and
   // bmm alone 1.04-1.1 times at 64->256 and 128->512 (0.9-0.94 times the
   // other way round: 512->128, 256->64, 1024->256); a sample at a time
   // (converted f16/bf16) it ran 0.94-0.95 times as fast (Cascade Lake,
