@@ -1214,9 +1214,9 @@ def test_channels_first_depthwise_rows(case, view, dtype):
 def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_reference_has_them(
         stride, value, holder, position, dtype):
     """The lanes past a row's last window load as zero on both sides, and the padding is staged as
-    zeros (f32 rows, read in place, mask it off): an infinity or NaN in the input's first or last column or last row reaches only the taps
-    that read it, and one in the output gradient's corners meets the padding (NaN) as in the
-    reference. 20 windows a row (one whole vector and a partial one), or 10 with stride 2."""
+    zeros (f32 rows, read in place, mask it off): an infinity or NaN in the input's first or last
+    column or last row reaches only the taps that read it, and one in the output gradient's corners
+    meets the padding (NaN) as in the reference. 20 windows a row (one whole vector and a partial one), or 10 with stride 2."""
     x = rand(data_shape(2, 16, (21, 20), "NCX"), dtype, seed=63)
     dy = rand(data_shape(2, 16, output_size((21, 20), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
                          "NCX"), dtype, seed=64)

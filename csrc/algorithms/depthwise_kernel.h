@@ -1315,7 +1315,8 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
       // The next (sample, channel)'s planes, where planes are contiguous, a
       // part a tile.
       int64_t next[2];
-      const bool prefetch_next = args.dense_planes && next_plane(args, n, c, channel_begin, channel_end, sample_end, next);
+      const bool prefetch_next =
+          args.dense_planes && next_plane(args, n, c, channel_begin, channel_end, sample_end, next);
       const char* next_planes[2] = {prefetch_next ? reinterpret_cast<const char*>(input + next[0]) : nullptr,
                                     prefetch_next ? reinterpret_cast<const char*>(grad_output + next[1]) : nullptr};
       const int64_t plane_bytes[2] = {x_plane_bytes, dy_plane_bytes};

@@ -531,8 +531,8 @@ void blas_products(const at::Tensor& planes, const at::Tensor& grad_output, int6
       at::Tensor tap_out = out[group][tap];
       at::Tensor a_group = a.narrow(-1, taps.column[tap] + group * in_per_group, in_per_group).transpose(-2, -1);
       at::Tensor b_group = b.narrow(-1, group * out_per_group, out_per_group);
-      // Into a column-major `out` (blas_writes_transposed), the transposed
-      // product, out^T = b^T a^T, which BLAS writes row by row.
+      // Into a column-major `out` (empty_tap_sums), the transposed product,
+      // out^T = b^T a^T, which BLAS writes row by row.
       if (tap_out.stride(0) == 1 && tap_out.stride(1) != 1) {
         tap_out = tap_out.transpose(0, 1);
         std::swap(a_group, b_group);
@@ -588,9 +588,12 @@ at::Tensor run(const Problem& problem) {
   const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
   const at::TensorOptions sums_options = x5.options().dtype(dtype);
   const bool in_place = reads_input_in_place(problem, g, fused_rows);
-  // Its output gradient's rows, a window each (no planes' pitch to meet).
-  Layout windows_pitch = layout;
-  windows_pitch.plans[2].length = g.out[2];
+  // In place: the output gradient's rows, a window each (no planes' pitch to meet).
+  Layout windows_pitch;
+  if (in_place) {
+    windows_pitch = layout;
+    windows_pitch.plans[2].length = g.out[2];
+  }
   const bool packs_windows = problem.grad_output.stride(1) != 1;
 
   if (multiplies_by_samples(layout, g, fused_rows, packs_dy)) {
@@ -660,11 +663,11 @@ at::Tensor run(const Problem& problem) {
                       : 1;
   // Batches with more output than input channels a group are written
   // transposed, each product's larger side as its rows: MKL ran ResNet's 1x1
-  // 64->256 NCX f32 layer (N=8, 56x56, 2 threads) 1.10-1.35 times as fast so (three runs), and
-  // bmm alone 1.04-1.1 times at 64->256 and 128->512 (0.9-0.94 times the
-  // other way round: 512->128, 256->64, 1024->256); a sample at a time
-  // (converted f16/bf16) it ran 0.94-0.95 times as fast (Cascade Lake,
-  // interleaved).
+  // 64->256 NCX f32 layer (N=8, 56x56, 2 threads) 1.10-1.35 times as fast so
+  // (three runs), and bmm alone 1.04-1.1 times at 64->256 and 128->512
+  // (0.9-0.94 times the other way round: 512->128, 256->64, 1024->256); a
+  // sample at a time (converted f16/bf16) it ran 0.94-0.95 times as fast
+  // (Cascade Lake, interleaved).
   const bool transposed = batched && in_per_group < out_per_group;
   const at::Tensor taps = empty_tap_sums(g, transposed, sums_options);
 

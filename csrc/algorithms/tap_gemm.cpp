@@ -85,7 +85,8 @@ void tap_products(TapElement element, const void* a, int64_t lda, const void* b,
     if (!accumulate) std::fill(out, out + m * channels_b, 0.0f);
     return;
   }
-  const kernel::Args args{element, a, lda, b, ldb, rows, offsets, taps, channels_a, channels_b, out, accumulate, a_channel_stride, a_positions};
+  const kernel::Args args{element, a, lda, b, ldb, rows, offsets, taps, channels_a, channels_b, out, accumulate,
+                          a_channel_stride, a_positions};
   TORCH_INTERNAL_ASSERT(cpu_runs_avx2_kernels(), "tap_products runs on AVX2 CPUs only");
   const Build& build = build_for_this_cpu();
   const int64_t tiles_m = ceil_div(m, build.tile_m), tiles_o = ceil_div(channels_b, build.tile_o);
