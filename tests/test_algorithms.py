@@ -1166,7 +1166,10 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # staged into two phases: 32 elements and a partial vector, an odd padding that stages the first
 # element alone), stride 2 along the row only, and stride and dilation across rows (one output row
 # at a time); 1-D and 3-D. Each contiguous and as views: input rows read with a stride (staged
-# element by element) and a slice of the channels.
+# element by element) and a slice of the channels. Rows of kernels up to 3x3 at stride 1 along the
+# row, 14 windows or more, are read in place in every dtype (16, 17 and 70 windows, wide and right
+# padding, a single row of taps, 1-D, 3-D with one row of taps), and a plane of 4 KiB or more in
+# every dtype prefetches the next planes (large-plane).
 FLOAT_ROW_CASES = {
     # name: (n, c, size, kernel, attributes)
     "16-windows": (2, 5, (19, 16), (3, 3), dict(pads_begin=1, pads_end=1)),
@@ -1186,6 +1189,7 @@ FLOAT_ROW_CASES = {
     "1-D": (3, 7, (100,), (5,), dict(pads_begin=2, pads_end=1)),
     "3-D-one-tap-row": (2, 3, (4, 6, 30), (3, 1, 3), dict(pads_begin=1, pads_end=1)),
     "3-D": (2, 3, (5, 12, 21), (3, 3, 3), dict(strides=(2, 1, 1), pads_begin=1, pads_end=1)),
+    "large-plane": (2, 2, (48, 50), (3, 3), dict(pads_begin=1, pads_end=1)),
 }
 
 
@@ -1214,7 +1218,7 @@ def test_channels_first_depthwise_rows(case, view, dtype):
 def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_reference_has_them(
         stride, value, holder, position, dtype):
     """The lanes past a row's last window load as zero on both sides, and the padding is staged as
-    zeros (f32 rows, read in place, mask it off): an infinity or NaN in the input's first or last
+    zeros (rows read in place mask it off): an infinity or NaN in the input's first or last
     column or last row reaches only the taps that read it, and one in the output gradient's corners
     meets the padding (NaN) as in the reference. 20 windows a row (one whole vector and a partial one), or 10 with stride 2."""
     x = rand(data_shape(2, 16, (21, 20), "NCX"), dtype, seed=63)

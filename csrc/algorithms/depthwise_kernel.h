@@ -1349,8 +1349,8 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
 // grad_output rows of unit stride): lanes run along an output row, 16
 // windows at a time, as in the bf16 pairs above, but on float FMAs. The
 // input plane is staged as float with its padding rows and columns, stride 2
-// in two phases along the row (RowLayout), or f32 rows of small kernels read
-// in place with the padding masked (InPlaceRows); grad_output rows are read
+// in two phases along the row (RowLayout), or rows of small kernels read in
+// place with the padding masked (InPlaceRows); grad_output rows are read
 // in place and converted as they load. A tile keeps the sums of up to four rows of
 // taps in registers; where output rows are as many input rows apart as
 // windows are along the row (and rows of taps one), it runs several output
@@ -1514,18 +1514,19 @@ struct StagedRows {
   __mmask16 columns_read(int64_t, int64_t) const { return 0xFFFF; }
 };
 
-// InPlaceRows: f32 rows of unit stride read where they are, at stride 1
-// along the row: padding rows read a row of zeros, and padding columns are
-// masked off, so that the tiles see what the staged plane holds. Staging
-// took a sixth to a quarter of a 3x3 layer's time (MobileNetV2, Cascade
-// Lake).
+// InPlaceRows: rows of unit stride read where they are (f16/bf16 converted
+// as they load), at stride 1 along the row: padding rows read a row of
+// zeros, and padding columns are masked off, so that the tiles see what the
+// staged plane holds. Staging took a sixth to a quarter of a 3x3 layer's
+// time (MobileNetV2, Cascade Lake).
+template <typename T>
 struct InPlaceRows {
-  const float* plane;
+  const T* plane;
   int64_t stride_z, stride_y, pad_z, pad_y, pad_x, in_z, in_y, in_x;
   int64_t width, taps;  // windows and taps along the row
-  const float* zeros;  // round_up(width, 16) + taps + 16 of them
+  const T* zeros;  // round_up(width, 16) + taps + 16 of them
 
-  InPlaceRows(const Args& args, const float* plane_, const float* zeros_)
+  InPlaceRows(const Args& args, const T* plane_, const T* zeros_)
       : plane(plane_), stride_z(args.input_strides[2]), stride_y(args.input_strides[3]),
         pad_z(args.pad_begin[0]), pad_y(args.pad_begin[1]), pad_x(args.pad_begin[2]), in_z(args.in[0]),
         in_y(args.in[1]), in_x(args.in[2]), width(args.out[2]), taps(args.kernel[2]), zeros(zeros_) {}
@@ -1537,7 +1538,7 @@ struct InPlaceRows {
     return args.stride[2] == 1 && args.dilation[2] == 1 && args.input_strides[4] == 1 &&
            first / 16 + (probe.width - last + 15) / 16 <= kMostMaskedSteps;
   }
-  const float* row(int64_t uz, int64_t uy) const {
+  const T* row(int64_t uz, int64_t uy) const {
     const int64_t iz = uz - pad_z, iy = uy - pad_y;
     if (iz < 0 || iz >= in_z || iy < 0 || iy >= in_y) return zeros;
     return plane + iz * stride_z + iy * stride_y - pad_x;
@@ -1608,7 +1609,7 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
 #pragma GCC unroll 16
     for (int i = 0; i < kRows; ++i) dy_rows[i] = dy + z * dy_pitch[0] + (y + i) * dy_pitch[1];
     constexpr int kInputRows = (kRows - 1) * kStride + kKH;
-    const float* x_row[kInputRows];
+    decltype(x.row(0, 0)) x_row[kInputRows];
 #pragma GCC unroll 16
     for (int u = 0; u < kInputRows; ++u) x_row[u] = x.row(uz, uy + u * args.dilation[1]);
     const auto step = [&]<bool kMasked>(int64_t j, const __mmask16* masks) __attribute__((always_inline)) {
@@ -1621,7 +1622,7 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
       for (int u = 0; u < kInputRows; ++u)
 #pragma GCC unroll 16
         for (int kx = 0; kx < kKW; ++kx) {
-          const float* p = x_row[u] + kx % kStride * phase_pitch + kx / kStride + j;
+          const auto* p = x_row[u] + kx % kStride * phase_pitch + kx / kStride + j;
           __m512 x_lanes = kMasked ? load_floats(p, masks[kx]) : load_floats(p);
           // One load for all its products: GCC would fold it into each FMA.
           asm("" : "+v"(x_lanes));
@@ -1665,17 +1666,20 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   const int64_t* kernel = args.kernel;
   const int64_t taps = kernel[0] * kernel[1] * kernel[2];
   const RowLayout layout(args);
-  // f32 rows of kernels up to 3x3 are read in place (InPlaceRows), others
+  // Rows of kernels up to 3x3 are read in place (InPlaceRows), others
   // staged. In place, against staged (Cascade Lake, 2 threads, interleaved,
-  // two runs or more): MobileNetV2's 3x3 layer 1.17-1.30x, 3x3 on 112x112
-  // maps 1.22-1.27x and on 14x14 1.07-1.08x, a 1-D layer of 3 taps
+  // two runs or more), f32: MobileNetV2's 3x3 layer 1.17-1.30x, 3x3 on
+  // 112x112 maps 1.22-1.27x and on 14x14 1.07-1.08x, a 1-D layer of 3 taps
   // 1.23-1.24x; but 3x3 on 7x7 maps 0.91-0.98x, and 0.93-1.0x with 5x5 and
   // 7x7 kernels (ConvNeXt's included) and 3x3x3, whose products outweigh the
-  // staging, where every row's first step is masked in place.
-  const bool in_place = std::is_same_v<T, float> && taps <= 9 && args.out[2] >= 14 && InPlaceRows::fits(args);
+  // staging, where every row's first step is masked in place. f16/bf16,
+  // converted as they load, with the prefetch below: MobileNetV2's layer
+  // 1.12-1.30x, 3x3 on 112x112 1.38-1.46x, on 14x14 to 56x56 0.99-1.24x, 1x3
+  // on 56x56 1.29-1.42x, the 1-D layer 1.26x; ConvNeXt's 7x7 0.77-0.92x.
+  const bool in_place = taps <= 9 && args.out[2] >= 14 && InPlaceRows<T>::fits(args);
   // Zeroed once: every plane writes the same positions.
   LineAlignedBuffer<float> staged_input(in_place ? 0 : layout.plane_pitch);
-  LineAlignedBuffer<float> zero_row(in_place ? round_up(args.out[2], 16) + kernel[2] + 16 : 0);
+  LineAlignedBuffer<T> zero_row(in_place ? round_up(args.out[2], 16) + kernel[2] + 16 : 0);
   const bool share_rows = args.stride[1] == args.stride[2] && args.dilation[1] == 1;
   // Tiles: (slice of taps, first row of taps, rows of taps), the rows of
   // taps split as evenly as possible.
@@ -1684,11 +1688,17 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
     for (const TapRange& range : tap_tiles(kernel[1], kMostTapRows)) tiles.push_back({kz, range.first, range.count});
   int64_t steps = 0;
   for (const auto& tile : tiles) steps += float_row_tile_steps(args, tile[2] * kernel[2], share_rows);
-  // Only f32 planes read at stride 1 gain from it (Cascade Lake, 2 threads,
-  // interleaved, three runs): MobileNetV2's 3x3 layer 1.18-1.20x; its
-  // stride-2 layer 0.92-0.98x (bf16 0.87-0.89x), ConvNeXt's 7x7 one
-  // 0.95-1.14x (bf16 0.93-0.95x, MobileNetV2's 0.99-1.07x).
-  const bool prefetch = args.dense_planes && std::is_same_v<T, float> && layout.stride == 1;
+  // Only planes read at stride 1, f32 or in place, of several rows and a
+  // page (4 KiB) or more gain from it (Cascade Lake, 2 threads, interleaved,
+  // three runs): MobileNetV2's f32 3x3 layer 1.18-1.20x; its stride-2 layer
+  // 0.92-0.98x (bf16 0.87-0.89x), ConvNeXt's 7x7 one 0.95-1.14x (bf16
+  // staged 0.93-0.95x, MobileNetV2's 0.99-1.07x). In place, 16-bit planes of
+  // 56x56 and 112x112 1.02-1.5x, but 3x3 on 14x14 and 28x28 0.89-0.95x (f32
+  // 0.89), and a 1-D layer's rows of 4000 0.84 (f32 0.97): the planes that
+  // follow one another within a page, the hardware prefetches.
+  const int64_t plane_bytes = args.in[0] * args.in[1] * args.in[2] * static_cast<int64_t>(sizeof(T));
+  const bool prefetch = args.dense_planes && layout.stride == 1 && (std::is_same_v<T, float> || in_place) &&
+                        args.out[0] * args.out[1] > 1 && plane_bytes >= 4096;
   NextPlanes next_planes;
   std::fill(result, result + (channel_end - channel_begin) * taps, 0.0f);
   for (int64_t n = sample_begin; n < sample_end; ++n)
@@ -1704,13 +1714,11 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
         const auto [kz, ky_first, tap_rows] = tile;
         float sums[kMostTapRows * 7];
         const auto run = [&]<int kKH, int kKW>() {
-          if constexpr (std::is_same_v<T, float>) {
-            if (in_place) {
-              const InPlaceRows rows(args, x_plane, zero_row.data());
-              float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
-                                             next_planes, sums);
-              return;
-            }
+          if (in_place) {
+            const InPlaceRows<T> rows(args, x_plane, zero_row.data());
+            float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
+                                           next_planes, sums);
+            return;
           }
           const StagedRows rows{staged_input.data(), layout, args.out[2]};
           if (layout.stride == 1)
