@@ -1168,8 +1168,9 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # at a time); 1-D and 3-D. Each contiguous and as views: input rows read with a stride (staged
 # element by element) and a slice of the channels. Rows of kernels up to 3x3 at stride 1 along the
 # row, 14 windows or more, are read in place in every dtype (16, 17 and 70 windows, wide and right
-# padding, a single row of taps, 1-D, 3-D with one row of taps), and a plane of 4 KiB or more in
-# every dtype prefetches the next planes (large-plane).
+# padding, a single row of taps, 1-D, 3-D with one row of taps), f16/bf16 at stride 2 as well
+# (stride 2 with odd, even, wide and no padding along the row, 1-D), and a plane of 4 KiB or more
+# prefetches the next planes (large-plane, and at stride 2 in f16/bf16).
 FLOAT_ROW_CASES = {
     # name: (n, c, size, kernel, attributes)
     "16-windows": (2, 5, (19, 16), (3, 3), dict(pads_begin=1, pads_end=1)),
@@ -1190,6 +1191,12 @@ FLOAT_ROW_CASES = {
     "3-D-one-tap-row": (2, 3, (4, 6, 30), (3, 1, 3), dict(pads_begin=1, pads_end=1)),
     "3-D": (2, 3, (5, 12, 21), (3, 3, 3), dict(strides=(2, 1, 1), pads_begin=1, pads_end=1)),
     "large-plane": (2, 2, (48, 50), (3, 3), dict(pads_begin=1, pads_end=1)),
+    "stride-2-in-place": (2, 3, (9, 41), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
+    "stride-2-even-padding": (2, 3, (7, 45), (3, 3), dict(strides=2, pads_begin=(1, 2), pads_end=(1, 1))),
+    "stride-2-unpadded-odd": (2, 3, (6, 41), (3, 3), dict(strides=2)),
+    "stride-2-wide-padding": (2, 3, (6, 40), (3, 3), dict(strides=2, pads_begin=(1, 9), pads_end=(1, 8))),
+    "stride-2-1-D": (3, 7, (100,), (3,), dict(strides=2, pads_begin=1, pads_end=1)),
+    "stride-2-large-plane": (2, 2, (48, 64), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
 }
 
 
@@ -1211,7 +1218,7 @@ def test_channels_first_depthwise_rows(case, view, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("holder,position", [("x", (1, 3, 2, 0)), ("x", (1, 3, 2, 19)), ("x", (0, 1, 20, 7)),
+@pytest.mark.parametrize("holder,position", [("x", (1, 3, 2, 0)), ("x", (1, 3, 2, 35)), ("x", (0, 1, 20, 7)),
                                              ("dy", (1, 2, 0, 0)), ("dy", (0, 3, -1, -1))])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 @pytest.mark.parametrize("stride", [1, 2])
@@ -1220,9 +1227,10 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     """The lanes past a row's last window load as zero on both sides, and the padding is staged as
     zeros (rows read in place mask it off): an infinity or NaN in the input's first or last
     column or last row reaches only the taps that read it, and one in the output gradient's corners
-    meets the padding (NaN) as in the reference. 20 windows a row (one whole vector and a partial one), or 10 with stride 2."""
-    x = rand(data_shape(2, 16, (21, 20), "NCX"), dtype, seed=63)
-    dy = rand(data_shape(2, 16, output_size((21, 20), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
+    meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
+    with stride 2 (f16/bf16 read in place in pairs)."""
+    x = rand(data_shape(2, 16, (21, 36), "NCX"), dtype, seed=63)
+    dy = rand(data_shape(2, 16, output_size((21, 36), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
                          "NCX"), dtype, seed=64)
     (x if holder == "x" else dy)[position] = value
     attributes = dict(strides=stride, pads_begin=1, pads_end=1, groups=16, data_format="NCX", filter_format="OIX")

@@ -1350,7 +1350,8 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
 // windows at a time, as in the bf16 pairs above, but on float FMAs. The
 // input plane is staged as float with its padding rows and columns, stride 2
 // in two phases along the row (RowLayout), or rows of small kernels read in
-// place with the padding masked (InPlaceRows); grad_output rows are read
+// place with the padding masked (InPlaceRows; f16/bf16 at stride 2,
+// InPlacePairs); grad_output rows are read
 // in place and converted as they load. A tile keeps the sums of up to four rows of
 // taps in registers; where output rows are as many input rows apart as
 // windows are along the row (and rows of taps one), it runs several output
@@ -1514,22 +1515,38 @@ struct StagedRows {
   __mmask16 columns_read(int64_t, int64_t) const { return 0xFFFF; }
 };
 
-// InPlaceRows: rows of unit stride read where they are (f16/bf16 converted
-// as they load), at stride 1 along the row: padding rows read a row of
-// zeros, and padding columns are masked off, so that the tiles see what the
-// staged plane holds. Staging took a sixth to a quarter of a 3x3 layer's
-// time (MobileNetV2, Cascade Lake).
+// A plane's rows of unit stride read where they are (f16/bf16 converted as
+// they load): padding rows read a row of zeros, and padding columns are
+// masked off (by the masks of the Rows types below), so that the tiles see
+// what the staged plane holds. Staging took a sixth to a quarter of a 3x3
+// layer's time (MobileNetV2, Cascade Lake).
 template <typename T>
-struct InPlaceRows {
+struct InPlacePlane {
   const T* plane;
   int64_t stride_z, stride_y, pad_z, pad_y, pad_x, in_z, in_y, in_x;
   int64_t width, taps;  // windows and taps along the row
-  const T* zeros;  // round_up(width, 16) + taps + 16 of them
+  const T* zeros;  // as many as a row's loads read
 
-  InPlaceRows(const Args& args, const T* plane_, const T* zeros_)
+  InPlacePlane(const Args& args, const T* plane_, const T* zeros_)
       : plane(plane_), stride_z(args.input_strides[2]), stride_y(args.input_strides[3]),
         pad_z(args.pad_begin[0]), pad_y(args.pad_begin[1]), pad_x(args.pad_begin[2]), in_z(args.in[0]),
         in_y(args.in[1]), in_x(args.in[2]), width(args.out[2]), taps(args.kernel[2]), zeros(zeros_) {}
+  const T* row(int64_t uz, int64_t uy) const {
+    const int64_t iz = uz - pad_z, iy = uy - pad_y;
+    if (iz < 0 || iz >= in_z || iy < 0 || iy >= in_y) return zeros;
+    return plane + iz * stride_z + iy * stride_y - pad_x;
+  }
+};
+
+// InPlaceRows: at stride 1 along the row; `zeros` holds zeros_needed(args).
+template <typename T>
+struct InPlaceRows : InPlacePlane<T> {
+  using InPlacePlane<T>::InPlacePlane;
+  using InPlacePlane<T>::pad_x;
+  using InPlacePlane<T>::in_x;
+  using InPlacePlane<T>::width;
+  using InPlacePlane<T>::taps;
+  static int64_t zeros_needed(const Args& args) { return round_up(args.out[2], 16) + args.kernel[2] + 16; }
   // Whether a tile's masked steps fit kMostMaskedSteps (at stride 1 along
   // the row, unit-stride rows).
   static bool fits(const Args& args) {
@@ -1537,11 +1554,6 @@ struct InPlaceRows {
     const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end();
     return args.stride[2] == 1 && args.dilation[2] == 1 && args.input_strides[4] == 1 &&
            first / 16 + (probe.width - last + 15) / 16 <= kMostMaskedSteps;
-  }
-  const T* row(int64_t uz, int64_t uy) const {
-    const int64_t iz = uz - pad_z, iy = uy - pad_y;
-    if (iz < 0 || iz >= in_z || iy < 0 || iy >= in_y) return zeros;
-    return plane + iz * stride_z + iy * stride_y - pad_x;
   }
   // From the first step whose windows read no column left of the row (or
   // past the last window: padding wider than the windows).
@@ -1560,6 +1572,65 @@ struct InPlaceRows {
   }
 };
 
+// InPlacePairs: f16/bf16 at stride 2 along the row; `zeros` holds
+// zeros_needed(args) from one before it. Lane l of tap kx's vector at window
+// j is element 2 * (j + l) + kx, loaded as a 32-bit pair with a neighbour
+// and widened. Whole steps and those left of them pair an element with the
+// next one, those right of them with the one before, so that every pair
+// read lies in the row.
+template <typename T>
+struct InPlacePairs : InPlacePlane<T> {
+  static constexpr bool kPairs = true;
+  using InPlacePlane<T>::InPlacePlane;
+  using InPlacePlane<T>::pad_x;
+  using InPlacePlane<T>::in_x;
+  using InPlacePlane<T>::width;
+  using InPlacePlane<T>::taps;
+  static int64_t zeros_needed(const Args& args) { return 2 * round_up(args.out[2], 16) + args.kernel[2] + 32; }
+  static bool fits(const Args& args) {
+    if (args.stride[2] != 2 || args.dilation[2] != 1 || args.input_strides[4] != 1) return false;
+    const InPlacePairs probe(args, nullptr, nullptr);
+    const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end();
+    // The pairs of the steps left of the whole ones end within the row, and
+    // those right of them start within it.
+    const bool left_pairs_in_row = first == 0 || 2 * (first - 1) + probe.taps - probe.pad_x < probe.in_x;
+    const bool right_pairs_in_row = last >= probe.width || 2 * last - probe.pad_x >= 1;
+    return left_pairs_in_row && right_pairs_in_row &&
+           first / 16 + (probe.width - last + 15) / 16 <= kMostMaskedSteps;
+  }
+  // From the first step whose windows read no column left of the row.
+  int64_t whole_steps_begin() const { return std::min(round_up((pad_x + 1) / 2, 16), round_up(width, 16)); }
+  // Up to the first step whose windows (or their pairs) pass the last window or the row's end.
+  int64_t whole_steps_end() const {
+    const int64_t begin = whole_steps_begin();
+    // Step j is whole when j + 16 <= width and 2 * (j + 15) + taps - pad_x < in_x.
+    const int64_t last = std::min(width - 16, floor_half(in_x + pad_x - taps - 31));
+    return last < begin ? begin : (last / 16 + 1) * 16;
+  }
+  __mmask16 columns_read(int64_t j, int64_t kx) const {
+    // Lanes l with 0 <= 2 * (j + l) + kx - pad_x < in_x.
+    const auto below = [](int64_t count) { return first_lanes(std::clamp<int64_t>(count, 0, 16)); };
+    return below(floor_half(in_x + pad_x - kx + 1) - j) &
+           static_cast<__mmask16>(~below(floor_half(pad_x - kx + 1) - j));
+  }
+  // Tap kx's 16 elements for windows j..j + 15 of `row`, as float lanes.
+  template <bool kMasked, bool kRightOfWhole>
+  static __m512 load(const T* row, int64_t kx, int64_t j, __mmask16 mask) {
+    const T* element = row + 2 * j + kx;
+    const T* pair = kRightOfWhole ? element - 1 : element;
+    const __m512i words = kMasked ? _mm512_maskz_loadu_epi32(mask, pair) : _mm512_loadu_si512(pair);
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {
+      const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+      return _mm512_castsi512_ps(kRightOfWhole ? _mm512_and_si512(words, high_halves) : _mm512_slli_epi32(words, 16));
+    } else {
+      return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(kRightOfWhole ? _mm512_srli_epi32(words, 16) : words));
+    }
+  }
+
+ private:
+  static int64_t floor_half(int64_t value) { return value >= 0 ? value / 2 : -((-value + 1) / 2); }
+};
+
 // Steps of 16 windows a float row tile takes over a plane.
 inline int64_t float_row_tile_steps(const Args& args, int64_t taps, bool share_rows) {
   const int64_t shared = share_rows ? shared_rows(static_cast<int>(taps), static_cast<int>(args.stride[2])) : 1;
@@ -1570,8 +1641,9 @@ inline int64_t float_row_tile_steps(const Args& args, int64_t taps, bool share_r
 // sums[ky][kx] = sum over output slices z, rows y and windows j of
 //   x[(z * s0 + kz * d0) slice][(y * s1 + (ky_first + ky) * d1) row][kStride * j + kx] * dy[z][y][j]
 // for ky < kKH, kx < kKW, x's rows read through `x` (StagedRows: staged as
-// `layout`, stride kStride along the row; or InPlaceRows, stride 1), dy rows
-// `dy_pitch` apart (slices, rows). `share_rows`: s1 = kStride, d1 = 1.
+// `layout`, stride kStride along the row; InPlaceRows, stride 1; or
+// InPlacePairs, stride 2, which loads its own lanes), dy rows `dy_pitch`
+// apart (slices, rows). `share_rows`: s1 = kStride, d1 = 1.
 template <typename T, int kKH, int kKW, int kStride, typename Rows>
 void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, int64_t kz, int64_t ky_first,
                     bool share_rows, const T* dy, const int64_t* dy_pitch, NextPlanes& next_planes, float* sums_out) {
@@ -1612,7 +1684,8 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
     decltype(x.row(0, 0)) x_row[kInputRows];
 #pragma GCC unroll 16
     for (int u = 0; u < kInputRows; ++u) x_row[u] = x.row(uz, uy + u * args.dilation[1]);
-    const auto step = [&]<bool kMasked>(int64_t j, const __mmask16* masks) __attribute__((always_inline)) {
+    const auto step = [&]<bool kMasked, bool kRightOfWhole>(int64_t j, const __mmask16* masks)
+                          __attribute__((always_inline)) {
       next_planes.step();
       __m512 dy_lanes[kRows];
 #pragma GCC unroll 16
@@ -1622,8 +1695,13 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
       for (int u = 0; u < kInputRows; ++u)
 #pragma GCC unroll 16
         for (int kx = 0; kx < kKW; ++kx) {
-          const auto* p = x_row[u] + kx % kStride * phase_pitch + kx / kStride + j;
-          __m512 x_lanes = kMasked ? load_floats(p, masks[kx]) : load_floats(p);
+          __m512 x_lanes;
+          if constexpr (requires { Rows::kPairs; }) {
+            x_lanes = Rows::template load<kMasked, kRightOfWhole>(x_row[u], kx, j, kMasked ? masks[kx] : 0);
+          } else {
+            const auto* p = x_row[u] + kx % kStride * phase_pitch + kx / kStride + j;
+            x_lanes = kMasked ? load_floats(p, masks[kx]) : load_floats(p);
+          }
           // One load for all its products: GCC would fold it into each FMA.
           asm("" : "+v"(x_lanes));
 #pragma GCC unroll 16
@@ -1635,9 +1713,9 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
     };
     int64_t j = 0;
     int masked = 0;
-    for (; j < whole_begin; j += 16) step.template operator()<true>(j, step_masks[masked++]);
-    for (; j < whole_end; j += 16) step.template operator()<false>(j, nullptr);
-    for (; j < width; j += 16) step.template operator()<true>(j, step_masks[masked++]);
+    for (; j < whole_begin; j += 16) step.template operator()<true, false>(j, step_masks[masked++]);
+    for (; j < whole_end; j += 16) step.template operator()<false, false>(j, nullptr);
+    for (; j < width; j += 16) step.template operator()<true, true>(j, step_masks[masked++]);
   };
   for (int64_t z = 0; z < args.out[0]; ++z) {
     int64_t y = 0;
@@ -1677,9 +1755,17 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   // 1.12-1.30x, 3x3 on 112x112 1.38-1.46x, on 14x14 to 56x56 0.99-1.24x, 1x3
   // on 56x56 1.29-1.42x, the 1-D layer 1.26x; ConvNeXt's 7x7 0.77-0.92x.
   const bool in_place = taps <= 9 && args.out[2] >= 14 && InPlaceRows<T>::fits(args);
+  // f16/bf16 rows at stride 2 too (InPlacePairs), against staged (same
+  // runs): MobileNetV2's stride-2 layer 1.34-1.47x (bf16) and 1.20-1.28x
+  // (f16), on 112x112 1.74x and 1.48x, unpadded on 57x57 1.59x and 1.27x, a
+  // 1-D layer 1.47-1.66x.
+  const bool in_place_pairs =
+      !std::is_same_v<T, float> && taps <= 9 && args.out[2] >= 14 && InPlacePairs<T>::fits(args);
   // Zeroed once: every plane writes the same positions.
-  LineAlignedBuffer<float> staged_input(in_place ? 0 : layout.plane_pitch);
-  LineAlignedBuffer<T> zero_row(in_place ? round_up(args.out[2], 16) + kernel[2] + 16 : 0);
+  LineAlignedBuffer<float> staged_input(in_place || in_place_pairs ? 0 : layout.plane_pitch);
+  LineAlignedBuffer<T> zero_row(in_place         ? InPlaceRows<T>::zeros_needed(args)
+                                : in_place_pairs ? InPlacePairs<T>::zeros_needed(args) + 1
+                                                 : 0);
   const bool share_rows = args.stride[1] == args.stride[2] && args.dilation[1] == 1;
   // Tiles: (slice of taps, first row of taps, rows of taps), the rows of
   // taps split as evenly as possible.
@@ -1688,23 +1774,25 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
     for (const TapRange& range : tap_tiles(kernel[1], kMostTapRows)) tiles.push_back({kz, range.first, range.count});
   int64_t steps = 0;
   for (const auto& tile : tiles) steps += float_row_tile_steps(args, tile[2] * kernel[2], share_rows);
-  // Only planes read at stride 1, f32 or in place, of several rows and a
-  // page (4 KiB) or more gain from it (Cascade Lake, 2 threads, interleaved,
-  // three runs): MobileNetV2's f32 3x3 layer 1.18-1.20x; its stride-2 layer
+  // Only planes read at stride 1, f32 or in place, or in place at stride 2
+  // (MobileNetV2's stride-2 layer 1.06-1.13x, on 112x112 1.35x), of several
+  // rows and a page (4 KiB) or more gain from it (Cascade Lake, 2 threads,
+  // interleaved, three runs): MobileNetV2's f32 3x3 layer 1.18-1.20x; its stride-2 layer
   // 0.92-0.98x (bf16 0.87-0.89x), ConvNeXt's 7x7 one 0.95-1.14x (bf16
   // staged 0.93-0.95x, MobileNetV2's 0.99-1.07x). In place, 16-bit planes of
   // 56x56 and 112x112 1.02-1.5x, but 3x3 on 14x14 and 28x28 0.89-0.95x (f32
   // 0.89), and a 1-D layer's rows of 4000 0.84 (f32 0.97): the planes that
   // follow one another within a page, the hardware prefetches.
   const int64_t plane_bytes = args.in[0] * args.in[1] * args.in[2] * static_cast<int64_t>(sizeof(T));
-  const bool prefetch = args.dense_planes && layout.stride == 1 && (std::is_same_v<T, float> || in_place) &&
+  const bool prefetch = args.dense_planes &&
+                        ((layout.stride == 1 && (std::is_same_v<T, float> || in_place)) || in_place_pairs) &&
                         args.out[0] * args.out[1] > 1 && plane_bytes >= 4096;
   NextPlanes next_planes;
   std::fill(result, result + (channel_end - channel_begin) * taps, 0.0f);
   for (int64_t n = sample_begin; n < sample_end; ++n)
     for (int64_t c = channel_begin; c < channel_end; ++c) {
       const T* x_plane = input + n * x_strides[0] + c * x_strides[1];
-      if (!in_place) layout.stage(args, x_plane, staged_input.data());
+      if (!in_place && !in_place_pairs) layout.stage(args, x_plane, staged_input.data());
       const T* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
       int64_t next[2];
       if (prefetch && next_plane(args, n, c, channel_begin, channel_end, sample_end, next))
@@ -1719,6 +1807,14 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
             float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
                                            next_planes, sums);
             return;
+          }
+          if constexpr (!std::is_same_v<T, float>) {
+            if (in_place_pairs) {
+              const InPlacePairs<T> rows(args, x_plane, zero_row.data() + 1);
+              float_row_tile<T, kKH, kKW, 2>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
+                                             next_planes, sums);
+              return;
+            }
           }
           const StagedRows rows{staged_input.data(), layout, args.out[2]};
           if (layout.stride == 1)
