@@ -1752,13 +1752,15 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   // 7x7 kernels (ConvNeXt's included) and 3x3x3, whose products outweigh the
   // staging, where every row's first step is masked in place. f16/bf16,
   // converted as they load, with the prefetch below: MobileNetV2's layer
-  // 1.12-1.30x, 3x3 on 112x112 1.38-1.46x, on 14x14 to 56x56 0.99-1.24x, 1x3
-  // on 56x56 1.29-1.42x, the 1-D layer 1.26x; ConvNeXt's 7x7 0.77-0.92x.
+  // 1.08-1.30x, 3x3 on 112x112 1.38-1.46x, on 14x14 to 56x56 0.99-1.26x, 1x3
+  // on 56x56 1.23-1.42x, the 1-D layer 1.26-1.28x; ConvNeXt's 7x7
+  // 0.77-0.92x.
   const bool in_place = taps <= 9 && args.out[2] >= 14 && InPlaceRows<T>::fits(args);
   // f16/bf16 rows at stride 2 too (InPlacePairs), against staged (same
-  // runs): MobileNetV2's stride-2 layer 1.34-1.47x (bf16) and 1.20-1.28x
-  // (f16), on 112x112 1.74x and 1.48x, unpadded on 57x57 1.59x and 1.27x, a
-  // 1-D layer 1.47-1.66x.
+  // runs), with the prefetch below: MobileNetV2's stride-2 layer 1.47x
+  // (bf16) and 1.28x (f16), 1.34x and 1.20x without it; on 112x112 1.74x and
+  // 1.48x, unpadded on 57x57 1.59x and 1.27x; a 1-D layer (not prefetching)
+  // 1.66x and 1.47x.
   const bool in_place_pairs =
       !std::is_same_v<T, float> && taps <= 9 && args.out[2] >= 14 && InPlacePairs<T>::fits(args);
   // Zeroed once: every plane writes the same positions.
