@@ -1536,6 +1536,13 @@ struct InPlacePlane {
     if (iz < 0 || iz >= in_z || iy < 0 || iy >= in_y) return zeros;
     return plane + iz * stride_z + iy * stride_y - pad_x;
   }
+  // Whether the masked steps before whole step `first` and from `last` on fit
+  // kMostMaskedSteps.
+  bool masked_steps_fit(int64_t first, int64_t last) const {
+    return first / 16 + (width - last + 15) / 16 <= kMostMaskedSteps;
+  }
+  // The first `count` lanes (none below 0, all above 16).
+  static __mmask16 lanes_below(int64_t count) { return first_lanes(std::clamp<int64_t>(count, 0, 16)); }
 };
 
 // InPlaceRows: at stride 1 along the row; `zeros` holds zeros_needed(args).
@@ -1553,7 +1560,7 @@ struct InPlaceRows : InPlacePlane<T> {
     const InPlaceRows probe(args, nullptr, nullptr);
     const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end();
     return args.stride[2] == 1 && args.dilation[2] == 1 && args.input_strides[4] == 1 &&
-           first / 16 + (probe.width - last + 15) / 16 <= kMostMaskedSteps;
+           probe.masked_steps_fit(first, last);
   }
   // From the first step whose windows read no column left of the row (or
   // past the last window: padding wider than the windows).
@@ -1567,8 +1574,7 @@ struct InPlaceRows : InPlacePlane<T> {
   }
   __mmask16 columns_read(int64_t j, int64_t kx) const {
     // Lanes l with 0 <= j + l + kx - pad_x < in_x.
-    const auto below = [](int64_t count) { return first_lanes(std::clamp<int64_t>(count, 0, 16)); };
-    return below(in_x + pad_x - kx - j) & static_cast<__mmask16>(~below(pad_x - kx - j));
+    return this->lanes_below(in_x + pad_x - kx - j) & static_cast<__mmask16>(~this->lanes_below(pad_x - kx - j));
   }
 };
 
@@ -1595,8 +1601,7 @@ struct InPlacePairs : InPlacePlane<T> {
     // those right of them start within it.
     const bool left_pairs_in_row = first == 0 || 2 * (first - 1) + probe.taps - probe.pad_x < probe.in_x;
     const bool right_pairs_in_row = last >= probe.width || 2 * last - probe.pad_x >= 1;
-    return left_pairs_in_row && right_pairs_in_row &&
-           first / 16 + (probe.width - last + 15) / 16 <= kMostMaskedSteps;
+    return left_pairs_in_row && right_pairs_in_row && probe.masked_steps_fit(first, last);
   }
   // From the first step whose windows read no column left of the row.
   int64_t whole_steps_begin() const { return std::min(round_up((pad_x + 1) / 2, 16), round_up(width, 16)); }
@@ -1609,9 +1614,8 @@ struct InPlacePairs : InPlacePlane<T> {
   }
   __mmask16 columns_read(int64_t j, int64_t kx) const {
     // Lanes l with 0 <= 2 * (j + l) + kx - pad_x < in_x.
-    const auto below = [](int64_t count) { return first_lanes(std::clamp<int64_t>(count, 0, 16)); };
-    return below(floor_half(in_x + pad_x - kx + 1) - j) &
-           static_cast<__mmask16>(~below(floor_half(pad_x - kx + 1) - j));
+    return this->lanes_below(floor_half(in_x + pad_x - kx + 1) - j) &
+           static_cast<__mmask16>(~this->lanes_below(floor_half(pad_x - kx + 1) - j));
   }
   // Tap kx's 16 elements for windows j..j + 15 of `row`, as float lanes.
   template <bool kMasked, bool kRightOfWhole>
