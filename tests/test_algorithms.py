@@ -1168,9 +1168,9 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # at a time); 1-D and 3-D. Each contiguous and as views: input rows read with a stride (staged
 # element by element) and a slice of the channels. Rows of kernels up to 3x3 at stride 1 along the
 # row, 14 windows or more, are read in place in every dtype (16, 17 and 70 windows, wide and right
-# padding, a single row of taps, 1-D, 3-D with one row of taps), f16/bf16 at stride 2 as well
-# (stride 2 with odd, even, wide and no padding along the row, 1-D), and a plane of 4 KiB or more
-# prefetches the next planes (large-plane, and at stride 2 in f16/bf16).
+# padding, a single row of taps, 1-D, 3-D with one row of taps), and at stride 2 as well (odd,
+# even, wide and no padding along the row, 1-D), and a plane of 4 KiB or more prefetches the next
+# planes (large-plane, stride-2-large-plane).
 FLOAT_ROW_CASES = {
     # name: (n, c, size, kernel, attributes)
     "16-windows": (2, 5, (19, 16), (3, 3), dict(pads_begin=1, pads_end=1)),
@@ -1228,7 +1228,7 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     zeros (rows read in place mask it off): an infinity or NaN in the input's first or last
     column or last row reaches only the taps that read it, and one in the output gradient's corners
     meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
-    with stride 2 (f16/bf16 read in place in pairs)."""
+    with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs)."""
     x = rand(data_shape(2, 16, (21, 36), "NCX"), dtype, seed=63)
     dy = rand(data_shape(2, 16, output_size((21, 36), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
                          "NCX"), dtype, seed=64)

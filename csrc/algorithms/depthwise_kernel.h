@@ -1350,9 +1350,9 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
 // windows at a time, as in the bf16 pairs above, but on float FMAs. The
 // input plane is staged as float with its padding rows and columns, stride 2
 // in two phases along the row (RowLayout), or rows of small kernels read in
-// place with the padding masked (InPlaceRows; f16/bf16 at stride 2,
-// InPlacePairs); grad_output rows are read
-// in place and converted as they load. A tile keeps the sums of up to four rows of
+// place with the padding masked (InPlaceRows; at stride 2,
+// InPlaceStride2); grad_output rows are read in place and converted as they
+// load. A tile keeps the sums of up to four rows of
 // taps in registers; where output rows are as many input rows apart as
 // windows are along the row (and rows of taps one), it runs several output
 // rows at once, and each input vector it loads serves every (output row,
@@ -1578,15 +1578,17 @@ struct InPlaceRows : InPlacePlane<T> {
   }
 };
 
-// InPlacePairs: f16/bf16 at stride 2 along the row; `zeros` holds
-// zeros_needed(args) from one before it. Lane l of tap kx's vector at window
-// j is element 2 * (j + l) + kx, loaded as a 32-bit pair with a neighbour
-// and widened. Whole steps and those left of them pair an element with the
-// next one, those right of them with the one before, so that every pair
-// read lies in the row.
+// InPlaceStride2: at stride 2 along the row; `zeros` holds zeros_needed(args)
+// from one before it. Lane l of tap kx's vector at window j is element
+// 2 * (j + l) + kx. f32 loads the 32 elements from the lane-0 one and keeps
+// the even ones (one permutation); f16/bf16 load each as a 32-bit pair with
+// a neighbour and widen it. Whole steps and those left of them pair an
+// element with the next one, those right of them (16-bit only: their loads
+// are masked by 32-bit pair) with the one before, so that every pair read
+// lies in the row.
 template <typename T>
-struct InPlacePairs : InPlacePlane<T> {
-  static constexpr bool kPairs = true;
+struct InPlaceStride2 : InPlacePlane<T> {
+  static constexpr bool kLoadsLanes = true;  // float_row_tile loads through load()
   using InPlacePlane<T>::InPlacePlane;
   using InPlacePlane<T>::pad_x;
   using InPlacePlane<T>::in_x;
@@ -1595,13 +1597,14 @@ struct InPlacePairs : InPlacePlane<T> {
   static int64_t zeros_needed(const Args& args) { return 2 * round_up(args.out[2], 16) + args.kernel[2] + 32; }
   static bool fits(const Args& args) {
     if (args.stride[2] != 2 || args.dilation[2] != 1 || args.input_strides[4] != 1) return false;
-    const InPlacePairs probe(args, nullptr, nullptr);
+    const InPlaceStride2 probe(args, nullptr, nullptr);
     const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end();
-    // The pairs of the steps left of the whole ones end within the row, and
-    // those right of them start within it.
+    // The 16-bit pairs of the steps left of the whole ones end within the
+    // row, and those right of them start within it.
     const bool left_pairs_in_row = first == 0 || 2 * (first - 1) + probe.taps - probe.pad_x < probe.in_x;
     const bool right_pairs_in_row = last >= probe.width || 2 * last - probe.pad_x >= 1;
-    return left_pairs_in_row && right_pairs_in_row && probe.masked_steps_fit(first, last);
+    return (std::is_same_v<T, float> || (left_pairs_in_row && right_pairs_in_row)) &&
+           probe.masked_steps_fit(first, last);
   }
   // From the first step whose windows read no column left of the row.
   int64_t whole_steps_begin() const { return std::min(round_up((pad_x + 1) / 2, 16), round_up(width, 16)); }
@@ -1617,17 +1620,38 @@ struct InPlacePairs : InPlacePlane<T> {
     return this->lanes_below(floor_half(in_x + pad_x - kx + 1) - j) &
            static_cast<__mmask16>(~this->lanes_below(floor_half(pad_x - kx + 1) - j));
   }
-  // Tap kx's 16 elements for windows j..j + 15 of `row`, as float lanes.
+  // The mask that load() takes for the lanes `lanes`: for f32, lane l's bit
+  // at element 2l of the 32 it loads.
+  static uint32_t load_mask(__mmask16 lanes) {
+    if constexpr (!std::is_same_v<T, float>) return lanes;
+    uint32_t spread = lanes;
+    spread = (spread | (spread << 8)) & 0x00FF00FFu;
+    spread = (spread | (spread << 4)) & 0x0F0F0F0Fu;
+    spread = (spread | (spread << 2)) & 0x33333333u;
+    return (spread | (spread << 1)) & 0x55555555u;
+  }
+  // Tap kx's 16 elements for windows j..j + 15 of `row`, as float lanes;
+  // masked, those of load_mask(lanes) only (the others zero).
   template <bool kMasked, bool kRightOfWhole>
-  static __m512 load(const T* row, int64_t kx, int64_t j, __mmask16 mask) {
+  static __m512 load(const T* row, int64_t kx, int64_t j, uint32_t mask) {
     const T* element = row + 2 * j + kx;
-    const T* pair = kRightOfWhole ? element - 1 : element;
-    const __m512i words = kMasked ? _mm512_maskz_loadu_epi32(mask, pair) : _mm512_loadu_si512(pair);
-    if constexpr (std::is_same_v<T, c10::BFloat16>) {
-      const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
-      return _mm512_castsi512_ps(kRightOfWhole ? _mm512_and_si512(words, high_halves) : _mm512_slli_epi32(words, 16));
+    if constexpr (std::is_same_v<T, float>) {
+      const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+      const __m512 low = kMasked ? _mm512_maskz_loadu_ps(static_cast<__mmask16>(mask), element) : _mm512_loadu_ps(element);
+      const __m512 high = kMasked ? _mm512_maskz_loadu_ps(static_cast<__mmask16>(mask >> 16), element + 16)
+                                  : _mm512_loadu_ps(element + 16);
+      return _mm512_permutex2var_ps(low, evens, high);
     } else {
-      return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(kRightOfWhole ? _mm512_srli_epi32(words, 16) : words));
+      const T* pair = kRightOfWhole ? element - 1 : element;
+      const __m512i words =
+          kMasked ? _mm512_maskz_loadu_epi32(static_cast<__mmask16>(mask), pair) : _mm512_loadu_si512(pair);
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+        return _mm512_castsi512_ps(kRightOfWhole ? _mm512_and_si512(words, high_halves)
+                                                 : _mm512_slli_epi32(words, 16));
+      } else {
+        return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(kRightOfWhole ? _mm512_srli_epi32(words, 16) : words));
+      }
     }
   }
 
@@ -1646,7 +1670,7 @@ inline int64_t float_row_tile_steps(const Args& args, int64_t taps, bool share_r
 //   x[(z * s0 + kz * d0) slice][(y * s1 + (ky_first + ky) * d1) row][kStride * j + kx] * dy[z][y][j]
 // for ky < kKH, kx < kKW, x's rows read through `x` (StagedRows: staged as
 // `layout`, stride kStride along the row; InPlaceRows, stride 1; or
-// InPlacePairs, stride 2, which loads its own lanes), dy rows `dy_pitch`
+// InPlaceStride2, stride 2, which loads its own lanes), dy rows `dy_pitch`
 // apart (slices, rows). `share_rows`: s1 = kStride, d1 = 1.
 template <typename T, int kKH, int kKW, int kStride, typename Rows>
 void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, int64_t kz, int64_t ky_first,
@@ -1664,12 +1688,18 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
   // masks[kKW] for grad_output) hold windows below `width` that read the row.
   // Computed once: at most kMostMaskedSteps of them (Rows::fits).
   const int64_t whole_begin = x.whole_steps_begin(), whole_end = x.whole_steps_end();
-  __mmask16 step_masks[kMostMaskedSteps][kKW + 1];
+  uint32_t step_masks[kMostMaskedSteps][kKW + 1];
   int masked_steps = 0;
   const auto add_masks = [&](int64_t j) {
-    __mmask16* masks = step_masks[masked_steps++];
+    uint32_t* masks = step_masks[masked_steps++];
     const __mmask16 windows = first_lanes(std::min<int64_t>(16, width - j));
-    for (int kx = 0; kx < kKW; ++kx) masks[kx] = windows & x.columns_read(j, kx);
+    for (int kx = 0; kx < kKW; ++kx) {
+      const __mmask16 lanes = windows & x.columns_read(j, kx);
+      if constexpr (requires { Rows::kLoadsLanes; })
+        masks[kx] = Rows::load_mask(lanes);
+      else
+        masks[kx] = lanes;
+    }
     masks[kKW] = windows;
   };
   for (int64_t j = 0; j < whole_begin; j += 16) add_masks(j);
@@ -1688,23 +1718,24 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
     decltype(x.row(0, 0)) x_row[kInputRows];
 #pragma GCC unroll 16
     for (int u = 0; u < kInputRows; ++u) x_row[u] = x.row(uz, uy + u * args.dilation[1]);
-    const auto step = [&]<bool kMasked, bool kRightOfWhole>(int64_t j, const __mmask16* masks)
+    const auto step = [&]<bool kMasked, bool kRightOfWhole>(int64_t j, const uint32_t* masks)
                           __attribute__((always_inline)) {
       next_planes.step();
       __m512 dy_lanes[kRows];
 #pragma GCC unroll 16
       for (int i = 0; i < kRows; ++i)
-        dy_lanes[i] = kMasked ? load_floats(dy_rows[i] + j, masks[kKW]) : load_floats(dy_rows[i] + j);
+        dy_lanes[i] =
+            kMasked ? load_floats(dy_rows[i] + j, static_cast<__mmask16>(masks[kKW])) : load_floats(dy_rows[i] + j);
 #pragma GCC unroll 16
       for (int u = 0; u < kInputRows; ++u)
 #pragma GCC unroll 16
         for (int kx = 0; kx < kKW; ++kx) {
           __m512 x_lanes;
-          if constexpr (requires { Rows::kPairs; }) {
+          if constexpr (requires { Rows::kLoadsLanes; }) {
             x_lanes = Rows::template load<kMasked, kRightOfWhole>(x_row[u], kx, j, kMasked ? masks[kx] : 0);
           } else {
             const auto* p = x_row[u] + kx % kStride * phase_pitch + kx / kStride + j;
-            x_lanes = kMasked ? load_floats(p, masks[kx]) : load_floats(p);
+            x_lanes = kMasked ? load_floats(p, static_cast<__mmask16>(masks[kx])) : load_floats(p);
           }
           // One load for all its products: GCC would fold it into each FMA.
           asm("" : "+v"(x_lanes));
@@ -1760,18 +1791,18 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   // on 56x56 1.23-1.42x, the 1-D layer 1.26-1.28x; ConvNeXt's 7x7
   // 0.77-0.92x.
   const bool in_place = taps <= 9 && args.out[2] >= 14 && InPlaceRows<T>::fits(args);
-  // f16/bf16 rows at stride 2 too (InPlacePairs), against staged (same
-  // runs), with the prefetch below: MobileNetV2's stride-2 layer 1.47x
-  // (bf16) and 1.28x (f16), 1.34x and 1.20x without it; on 112x112 1.74x and
-  // 1.48x, unpadded on 57x57 1.59x and 1.27x; a 1-D layer (not prefetching)
-  // 1.66x and 1.47x.
-  const bool in_place_pairs =
-      !std::is_same_v<T, float> && taps <= 9 && args.out[2] >= 14 && InPlacePairs<T>::fits(args);
+  // Rows at stride 2 too (InPlaceStride2), against staged (same runs; f32 in
+  // two more), with the prefetch below: MobileNetV2's stride-2 layer 1.47x
+  // (bf16), 1.28x (f16) and 1.11-1.26x (f32); 1.34x, 1.20x and 0.96-1.09x
+  // without it. On 112x112 1.74x, 1.48x and 1.35-1.47x, unpadded on 57x57
+  // 1.59x, 1.27x and 1.24-1.27x; a 1-D layer (not prefetching) 1.66x, 1.47x
+  // and 1.24-1.31x; f32 on 28x28 (not prefetching) 1.0-1.07x.
+  const bool in_place_stride2 = taps <= 9 && args.out[2] >= 14 && InPlaceStride2<T>::fits(args);
   // Zeroed once: every plane writes the same positions.
-  LineAlignedBuffer<float> staged_input(in_place || in_place_pairs ? 0 : layout.plane_pitch);
-  LineAlignedBuffer<T> zero_row(in_place         ? InPlaceRows<T>::zeros_needed(args)
-                                : in_place_pairs ? InPlacePairs<T>::zeros_needed(args) + 1
-                                                 : 0);
+  LineAlignedBuffer<float> staged_input(in_place || in_place_stride2 ? 0 : layout.plane_pitch);
+  LineAlignedBuffer<T> zero_row(in_place           ? InPlaceRows<T>::zeros_needed(args)
+                                : in_place_stride2 ? InPlaceStride2<T>::zeros_needed(args) + 1
+                                                   : 0);
   const bool share_rows = args.stride[1] == args.stride[2] && args.dilation[1] == 1;
   // Tiles: (slice of taps, first row of taps, rows of taps), the rows of
   // taps split as evenly as possible.
@@ -1781,7 +1812,8 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   int64_t steps = 0;
   for (const auto& tile : tiles) steps += float_row_tile_steps(args, tile[2] * kernel[2], share_rows);
   // Only planes read at stride 1, f32 or in place, or in place at stride 2
-  // (MobileNetV2's stride-2 layer 1.06-1.13x, on 112x112 1.35x), of several
+  // (MobileNetV2's stride-2 layer 1.06-1.13x in f16/bf16 and 1.16-1.25x in
+  // f32, on 112x112 1.35x and 1.40x), of several
   // rows and a page (4 KiB) or more gain from it (Cascade Lake, 2 threads,
   // interleaved, three runs): MobileNetV2's f32 3x3 layer 1.18-1.20x; its stride-2 layer
   // 0.92-0.98x (bf16 0.87-0.89x), ConvNeXt's 7x7 one 0.95-1.14x (bf16
@@ -1791,14 +1823,14 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   // follow one another within a page, the hardware prefetches.
   const int64_t plane_bytes = args.in[0] * args.in[1] * args.in[2] * static_cast<int64_t>(sizeof(T));
   const bool prefetch = args.dense_planes &&
-                        ((layout.stride == 1 && (std::is_same_v<T, float> || in_place)) || in_place_pairs) &&
+                        ((layout.stride == 1 && (std::is_same_v<T, float> || in_place)) || in_place_stride2) &&
                         args.out[0] * args.out[1] > 1 && plane_bytes >= 4096;
   NextPlanes next_planes;
   std::fill(result, result + (channel_end - channel_begin) * taps, 0.0f);
   for (int64_t n = sample_begin; n < sample_end; ++n)
     for (int64_t c = channel_begin; c < channel_end; ++c) {
       const T* x_plane = input + n * x_strides[0] + c * x_strides[1];
-      if (!in_place && !in_place_pairs) layout.stage(args, x_plane, staged_input.data());
+      if (!in_place && !in_place_stride2) layout.stage(args, x_plane, staged_input.data());
       const T* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
       int64_t next[2];
       if (prefetch && next_plane(args, n, c, channel_begin, channel_end, sample_end, next))
@@ -1814,13 +1846,11 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
                                            next_planes, sums);
             return;
           }
-          if constexpr (!std::is_same_v<T, float>) {
-            if (in_place_pairs) {
-              const InPlacePairs<T> rows(args, x_plane, zero_row.data() + 1);
-              float_row_tile<T, kKH, kKW, 2>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
-                                             next_planes, sums);
-              return;
-            }
+          if (in_place_stride2) {
+            const InPlaceStride2<T> rows(args, x_plane, zero_row.data() + 1);
+            float_row_tile<T, kKH, kKW, 2>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
+                                           next_planes, sums);
+            return;
           }
           const StagedRows rows{staged_input.data(), layout, args.out[2]};
           if (layout.stride == 1)
