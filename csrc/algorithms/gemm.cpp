@@ -482,6 +482,17 @@ bool reads_input_in_place(const Problem& problem, const Geometry& g, bool fused_
          g.out_channels / g.groups <= kMostChannels;
 }
 
+// The layout of the output gradient's rows that run() multiplies with
+// `layout`'s planes, or with an input read in place (reads_input_in_place),
+// a window a row: no planes' pitch to meet.
+Layout grad_output_layout(const Layout& layout, const Geometry& g, bool input_in_place) {
+  if (!input_in_place) return layout;
+  Layout windows = layout;
+  windows.plans[2].length = g.out[2];
+  windows.pitched = false;
+  return windows;
+}
+
 // out (groups, taps, C/g, O/g) (+)= every tap's product over `product_rows`
 // rows of `input` and `grad_output` (N, rows, O) from sample `first`, on the
 // fused kernel.
@@ -572,10 +583,12 @@ at::Tensor run(const Problem& problem) {
   // product's block of samples at a time.
   const bool fused_rows = fused_kernel_reads_rows(problem, layout, g);
   const at::ScalarType storage = fused_rows ? problem.input.scalar_type() : dtype;
-  const bool packs_dy = packs_grad_output(problem, layout, fused_rows);
+  const bool in_place = reads_input_in_place(problem, g, fused_rows);
+  const Layout dy_layout = grad_output_layout(layout, g, in_place);
+  const bool packs_dy = packs_grad_output(problem, dy_layout, fused_rows);
   const bool planes_first = packs_input_channels_first(problem, layout, g, fused_rows, packs_dy);
   // The flat rows of one sample's output gradient that hold windows.
-  const int64_t pitch1 = plans[2].length, pitch0 = plans[1].length * pitch1;
+  const int64_t pitch1 = dy_layout.plans[2].length, pitch0 = dy_layout.plans[1].length * pitch1;
   const int64_t rows = (g.out[0] - 1) * pitch0 + (g.out[1] - 1) * pitch1 + g.out[2];
   const TapPlacement placement = place_taps(layout, g);
   // The fused kernel computes every tap at once from row-major operands; BLAS
@@ -587,14 +600,6 @@ at::Tensor run(const Problem& problem) {
 
   const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
   const at::TensorOptions sums_options = x5.options().dtype(dtype);
-  const bool in_place = reads_input_in_place(problem, g, fused_rows);
-  // In place: the output gradient's rows, a window each (no planes' pitch to meet).
-  Layout windows_pitch;
-  if (in_place) {
-    windows_pitch = layout;
-    windows_pitch.plans[2].length = g.out[2];
-  }
-  const bool packs_windows = problem.grad_output.stride(1) != 1;
 
   if (multiplies_by_samples(layout, g, fused_rows, packs_dy)) {
     const int64_t threads = at::get_num_threads();
@@ -607,13 +612,12 @@ at::Tensor run(const Problem& problem) {
         const int64_t first = part * g.batch / threads, last = (part + 1) * g.batch / threads;
         for (int64_t n = first; n < last; ++n) {
           const at::Tensor x_n = x5.narrow(0, n, 1), dy_n = dy5.narrow(0, n, 1);
+          const at::Tensor grad_output = grad_output_rows(dy_n, dy_layout, storage, sample, packs_dy);
           if (in_place) {
-            fused_products(fused_input_in_place(x_n, g), grad_output_rows(dy_n, windows_pitch, storage, sample,
-                                                                          packs_windows),
-                           0, g.out[2], g, partials[part], /*accumulate=*/n != first);
+            fused_products(fused_input_in_place(x_n, g), grad_output, 0, rows, g, partials[part],
+                           /*accumulate=*/n != first);
             continue;
           }
-          const at::Tensor grad_output = grad_output_rows(dy_n, layout, storage, sample, packs_dy);
           const at::Tensor planes =
               layout.direct ? input_rows(x_n, layout) : pack_input(x_n, plans, storage, sample, planes_first);
           if (fused_reads(planes, grad_output))
@@ -630,17 +634,17 @@ at::Tensor run(const Problem& problem) {
   }
 
   if (in_place) {  // a sample a product: channels-first samples do not flatten together
-    const at::Tensor grad_output = grad_output_rows(dy5, windows_pitch, storage, g, packs_windows);
+    const at::Tensor grad_output = grad_output_rows(dy5, dy_layout, storage, g, packs_dy);
     const FusedInput input = fused_input_in_place(x5, g);
     const at::Tensor taps = empty_tap_sums(g, /*transposed=*/false, sums_options);
     for (int64_t n = 0; n < g.batch; ++n)
-      fused_products(input, grad_output, n, g.out[2], g, taps, /*accumulate=*/n != 0);
+      fused_products(input, grad_output, n, rows, g, taps, /*accumulate=*/n != 0);
     return problem.finish(canonical_from_taps(taps, g, problem.spatial_rank()));
   }
 
   // (planes, N, rows, C) and (N, rows, O)
   const at::Tensor planes = layout.direct ? input_rows(x5, layout) : pack_input(x5, plans, storage, g, planes_first);
-  const at::Tensor grad_output = grad_output_rows(dy5, layout, storage, g, packs_dy);
+  const at::Tensor grad_output = grad_output_rows(dy5, dy_layout, storage, g, packs_dy);
   const bool fused = fused_reads(planes, grad_output);
   const int64_t plane_rows = planes.size(2);
   // Samples multiply together when both operands step from one sample to the
@@ -726,14 +730,17 @@ double cost(const Problem& problem, const Geometry& g) {
   if (!problem.input.is_cpu()) return 1e30;
   const Layout layout = plan(g);
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
-  const double padded_rows = static_cast<double>(layout.plans[1].length) * layout.plans[2].length;
-  const double rows = static_cast<double>(g.out[1]) * g.out[2];
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool fused = fused_kernel_reads_rows(problem, layout, g);
+  const bool in_place = reads_input_in_place(problem, g, fused);
+  const Layout dy_layout = grad_output_layout(layout, g, in_place);
+  // The rows the products run over, a sample's output gradient's at its pitch.
+  const double padded_rows = static_cast<double>(dy_layout.plans[1].length) * dy_layout.plans[2].length;
+  const double rows = static_cast<double>(g.out[1]) * g.out[2];
   const bool converts = !fused && dtype != accumulation_dtype(dtype);
-  const bool packs_planes = !layout.direct && !reads_input_in_place(problem, g, fused);
+  const bool packs_planes = !layout.direct && !in_place;
   const bool packs_input = packs_planes || converts;
-  const bool packs_dy = packs_grad_output(problem, layout, fused);
+  const bool packs_dy = packs_grad_output(problem, dy_layout, fused);
   const bool input_channels_last = problem.input.stride(1) == 1;
 
   const bool avx512 = cpu_is_avx512();
