@@ -278,6 +278,21 @@ def test_gemm_reads_channels_first_input_in_place(case, threads, dtype):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
+# One input and one output channel of channels-last 1-D data (found by test_fuzz): gemm reads the
+# input in place and the output gradient as rows where it lies, whose single channel the row view
+# gives the row length's stride (any stride serves a single element).
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("size,kernel,pads", [((2,), (1,), (0, 0)), ((40,), (3,), (1, 1)), ((40,), (4,), (0, 2))],
+                         ids=["two-positions", "padded", "asymmetric"])
+def test_gemm_single_channel_channels_last_1d(size, kernel, pads, dtype):
+    attributes = dict(pads_begin=pads[0], pads_end=pads[1], data_format="NXC", filter_format="OIX")
+    x = rand(data_shape(3, 1, size, "NXC"), dtype, seed=65)
+    dy = rand(data_shape(3, 1, output_size(size, kernel, attributes), "NXC"), dtype, seed=66)
+    result, ran = run("gemm", x, dy, [1, 1, *kernel], attributes)
+    assert ran == "gemm"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [1, 1, *kernel], **attributes), dtype)
+
+
 # Channels-first data that gemm reads in place does not flatten across samples: BLAS multiplies the
 # samples in batches where a sample has 512 rows or more (24x24, 600 in 1-D), and one at a time
 # below (22x22): groups, float64, a stride-1 1-D layer, samples read at a stride (a slice of a larger

@@ -159,6 +159,11 @@ Layout plan(const Geometry& g) {
 // spatial axes flatten.
 at::Tensor as_rows(const at::Tensor& ncx5) { return ncx5.flatten(2).transpose(1, 2); }
 
+// Whether `t` steps by one element along `dim`, or has a single element
+// there (whose stride views may set to anything: as_rows gives a single
+// channel of a 1-D tensor the row length's).
+bool unit_stride(const at::Tensor& t, int64_t dim) { return t.size(dim) == 1 || t.stride(dim) == 1; }
+
 // Copies `source` into `target`, both (N, A, B, W, C) with target's channels
 // contiguous. Channels-first sources (W unit-stride, C not) go through the
 // transposing kernel, one W x C matrix per (N, A, B) row, in parallel: ATen's
@@ -498,7 +503,7 @@ Layout grad_output_layout(const Layout& layout, const Geometry& g, bool input_in
 // fused kernel.
 void fused_products(const FusedInput& input, const at::Tensor& grad_output, int64_t first, int64_t product_rows,
                     const Geometry& g, const at::Tensor& out, bool accumulate) {
-  TORCH_INTERNAL_ASSERT(grad_output.stride(2) == 1, "the fused kernel reads the output gradient as rows");
+  TORCH_INTERNAL_ASSERT(unit_stride(grad_output, 2), "the fused kernel reads the output gradient as rows");
   const int64_t size = input.data.element_size();
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const auto* a = static_cast<const char*>(input.data.const_data_ptr()) + first * input.sample_stride * size;
@@ -595,7 +600,7 @@ at::Tensor run(const Problem& problem) {
   // takes the rest (float64, channels-first operands, f32 1x1 products it
   // runs faster, other devices).
   const auto fused_reads = [&](const at::Tensor& planes, const at::Tensor& grad_output) {
-    return fused_rows && planes.stride(3) == 1 && grad_output.stride(2) == 1;
+    return fused_rows && unit_stride(planes, 3) && unit_stride(grad_output, 2);
   };
 
   const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
