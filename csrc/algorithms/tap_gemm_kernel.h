@@ -194,7 +194,8 @@ using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, i
 // pointers do not fit x86-64's registers beside the loop's own: GCC spilled
 // them to vector registers and the stack, four extra instructions in a loop
 // of 42 that the 4-wide front end issues in about the 12 cycles its 24 FMAs
-// take (1.02-1.05x on the benchmark's gemm layers, Cascade Lake, interleaved).
+// take (the benchmark's gemm layers 1.0-1.11x, Cascade Lake, two interleaved
+// runs).
 template <int kM, int kVectors, bool kPartial, bool kContiguous>
 void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo, int64_t width,
           bool zero) {
