@@ -239,8 +239,8 @@ def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
 # channels or samples lie further apart than dense data's, one channel, and an output gradient with
 # channels-last strides (read as rows as it is); one thread multiplies every sample in turn, two
 # their own runs of samples where the output gradient is packed, and split each sample's products
-# where nothing is (the channels-last one). (2-D layers are packed, those of height 1 too where a kernel or
-# padding reaches beyond the one row: a row of windows above it reads only padding.)
+# where nothing is (the channels-last one). (2-D layers are packed, those of height 1 too where a
+# kernel or padding reaches beyond the one row: a row of windows above it reads only padding.)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("case", [

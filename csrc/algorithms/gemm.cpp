@@ -409,8 +409,9 @@ int64_t samples_per_batch(int64_t channels_a, int64_t channels_b) {
 // output gradient channels-last rows read in place too), splitting each
 // sample's products inside the kernel ran 1.03-1.07x as fast as by samples
 // on four channels-first 1-D layers of 16-64 channels in one interleaved
-// run, 0.97-1.04x in another (Cascade Lake, 2 threads). The partial sums are added in a fixed order:
-// deterministic for a thread count, as the depthwise kernels are.
+// run, 0.97-1.04x in another (Cascade Lake, 2 threads). The partial sums
+// are added in a fixed order: deterministic for a thread count, as the
+// depthwise kernels are.
 bool multiplies_by_samples(const Layout& layout, const Geometry& g, bool fused_rows, bool packs_dy,
                            bool input_in_place) {
   const int64_t threads = at::get_num_threads();
