@@ -189,14 +189,24 @@ using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, i
 // kM x kVectors accumulators, enough independent FMA chains to hide the FMA
 // latency, with registers left for B and the broadcast. kPartial: out's last
 // vector has fewer than kLanes columns and is read and written under a mask.
-// kContiguous: row i of A is a[0] + i (consecutive channels of one tap, or a
-// packed tile), read at fixed displacements from one pointer. Twelve row
-// pointers do not fit x86-64's registers beside the loop's own: GCC spilled
-// them to vector registers and the stack, four extra instructions in a loop
-// of 42 that the 4-wide front end issues in about the 12 cycles its 24 FMAs
-// take (the benchmark's gemm layers 1.0-1.11x, Cascade Lake, two interleaved
-// runs).
-template <int kM, int kVectors, bool kPartial, bool kContiguous>
+// How a tile finds its rows of A. Twelve row pointers do not fit x86-64's
+// registers beside the loop's own: GCC spilled them to vector registers and
+// the stack, four extra instructions in a loop of 42 that the 4-wide front
+// end issues in about the 12 cycles its 24 FMAs take. So rows laid out
+// regularly are addressed from fewer registers. Consecutive: row i is
+// a[0] + i (channels of one tap, or a packed tile), at fixed displacements
+// from one pointer (the benchmark's gemm layers 1.0-1.11x, Cascade Lake, two
+// interleaved runs). Spaced: row i is a[0] + i * (a[1] - a[0]) (channels
+// of channels-first data read in place, or their float32 runs), from four
+// pointers three rows apart and three offsets (the 1-D layer's channels-first
+// rows 1.01-1.04x in two steady interleaved runs; two under a neighbour's
+// changing load read 0.89-1.22x). Listed: anything else.
+enum class RowsOfA { Listed, Consecutive, Spaced };
+
+// kM x kVectors accumulators, enough independent FMA chains to hide the FMA
+// latency, with registers left for B and the broadcast. kPartial: out's last
+// vector has fewer than kLanes columns and is read and written under a mask.
+template <int kM, int kVectors, bool kPartial, RowsOfA kRows>
 void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo, int64_t width,
           bool zero) {
   const LaneMask mask = first_lanes(kPartial ? width - kLanes * (kVectors - 1) : kLanes);
@@ -211,6 +221,12 @@ void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, f
                   : kPartial && v == kVectors - 1 ? load(out + i * ldo + kLanes * v, mask)
                                                   : load(out + i * ldo + kLanes * v);
   }
+  // Spaced: every third row's pointer; the others a spacing or two on.
+  constexpr int kBases = (kM + 2) / 3;
+  const int64_t spacing = kRows == RowsOfA::Spaced && kM > 1 ? a[1] - a[0] : 0;
+  const float* bases[kBases];
+#pragma GCC unroll 4
+  for (int k = 0; k < kBases; ++k) bases[k] = a[0] + 3 * k * spacing;
   const float* row_a = a[0];
   for (int64_t r = 0, ar = 0; r < rows; ++r, ar += lda, row_a += lda, slab += kTileO) {
     Vector bv[kVectors];
@@ -218,10 +234,16 @@ void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, f
     for (int v = 0; v < kVectors; ++v) bv[v] = load(slab + kLanes * v);
 #pragma GCC unroll 16
     for (int i = 0; i < kM; ++i) {
-      const Vector x = broadcast(kContiguous ? row_a + i : rows_a[i] + ar);
+      const float* element = kRows == RowsOfA::Consecutive ? row_a + i
+                             : kRows == RowsOfA::Spaced    ? bases[i / 3] + i % 3 * spacing
+                                                           : rows_a[i] + ar;
+      const Vector x = broadcast(element);
 #pragma GCC unroll 2
       for (int v = 0; v < kVectors; ++v) acc[i][v] = fma(x, bv[v], acc[i][v]);
     }
+    if constexpr (kRows == RowsOfA::Spaced)
+#pragma GCC unroll 4
+      for (int k = 0; k < kBases; ++k) bases[k] += lda;
   }
 #pragma GCC unroll 16
   for (int i = 0; i < kM; ++i)
@@ -235,17 +257,24 @@ void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, f
 }
 
 // [kM - 1][variant]: kTileO columns, kLanes + 1 .. kTileO - 1, kLanes, 1 .. kLanes - 1.
-template <bool kContiguous, int... kHeightsLessOne>
+template <RowsOfA kRows, int... kHeightsLessOne>
 constexpr std::array<std::array<TileFn, 4>, sizeof...(kHeightsLessOne)> tiles_of(
     std::integer_sequence<int, kHeightsLessOne...>) {
-  return {{{tile<kHeightsLessOne + 1, 2, false, kContiguous>, tile<kHeightsLessOne + 1, 2, true, kContiguous>,
-            tile<kHeightsLessOne + 1, 1, false, kContiguous>, tile<kHeightsLessOne + 1, 1, true, kContiguous>}...}};
+  return {{{tile<kHeightsLessOne + 1, 2, false, kRows>, tile<kHeightsLessOne + 1, 2, true, kRows>,
+            tile<kHeightsLessOne + 1, 1, false, kRows>, tile<kHeightsLessOne + 1, 1, true, kRows>}...}};
 }
-inline TileFn pick_tile(int64_t height, int64_t width, bool contiguous) {
-  static constexpr auto kTiles = tiles_of<false>(std::make_integer_sequence<int, kTileM>{});
-  static constexpr auto kContiguousTiles = tiles_of<true>(std::make_integer_sequence<int, kTileM>{});
+// The tile for `height` rows of A at `a` and `width` columns of B.
+inline TileFn pick_tile(const float* const* a, int64_t height, int64_t width) {
+  static constexpr auto kListed = tiles_of<RowsOfA::Listed>(std::make_integer_sequence<int, kTileM>{});
+  static constexpr auto kConsecutive = tiles_of<RowsOfA::Consecutive>(std::make_integer_sequence<int, kTileM>{});
+  static constexpr auto kSpaced = tiles_of<RowsOfA::Spaced>(std::make_integer_sequence<int, kTileM>{});
   const int variant = width == kTileO ? 0 : width > kLanes ? 1 : width == kLanes ? 2 : 3;
-  return (contiguous ? kContiguousTiles : kTiles)[height - 1][variant];
+  bool consecutive = true, spaced = true;
+  for (int64_t i = 1; i < height; ++i) {
+    consecutive &= a[i] == a[0] + i;
+    spaced &= a[i] == a[0] + i * (a[1] - a[0]);
+  }
+  return (consecutive ? kConsecutive : spaced ? kSpaced : kListed)[height - 1][variant];
 }
 
 // One element as float32. F16C converts a half in one instruction where
@@ -428,10 +457,8 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
                         row_end * args.lda);
         const int64_t m0 = m_begin + tile * kTileM, height = std::min(kTileM, m_end - m0);
         const float* const* tile_a = a_tiles.data() + tile * kTileM;
-        bool contiguous = true;
-        for (int64_t i = 1; i < height; ++i) contiguous &= tile_a[i] == tile_a[0] + i;
-        pick_tile(height, width, contiguous)(tile_a, lda, packed_b.data() + slab * rows * kTileO, rows,
-                                             args.out + m0 * args.channels_b + o0, args.channels_b, width, zero);
+        pick_tile(tile_a, height, width)(tile_a, lda, packed_b.data() + slab * rows * kTileO, rows,
+                                         args.out + m0 * args.channels_b + o0, args.channels_b, width, zero);
       }
     }
   }
