@@ -1180,8 +1180,8 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 4 + 3 and 3 + 3 + 3),
 # a single row of taps, asymmetric padding; stride 2 along both axes (4 output rows at a time; rows
 # of kernels over 9 taps staged into two phases: 32 elements and a partial vector, an odd padding
-# that stages the first element alone), stride 2 along the row only, and stride and dilation across rows (one output row
-# at a time); 1-D and 3-D. Each contiguous and as views: input rows read with a stride (staged
+# that stages the first element alone), stride 2 along the row only, and stride and dilation
+# across rows (one output row at a time); 1-D and 3-D. Each contiguous and as views: input rows read with a stride (staged
 # element by element) and a slice of the channels. Rows of kernels up to 3x3 at stride 1 along the
 # row, 14 windows or more, are read in place in every dtype (16, 17 and 70 windows, wide and right
 # padding, a single row of taps, 1-D, 3-D with one row of taps), and at stride 2 as well (odd,

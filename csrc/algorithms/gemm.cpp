@@ -403,20 +403,18 @@ int64_t samples_per_batch(int64_t channels_a, int64_t channels_b) {
 // wrote itself, from its own cache. Read across cores instead, freshly
 // written lines made the fused kernel 1.5x slower (audio NCX f32, 3.45 ->
 // 2.42 ms; 3x3 64ch NCX 7.2 -> 6.3) and BLAS 1.08x (stride-2 1x1 NCX, 6.04
-// -> 5.58; Xeon, 2 threads). Only where something is packed, and with a
-// sample per thread: an input read in place (reads_input_in_place) is never
-// packed, whatever its layout's planes would be. With nothing packed (its
-// output gradient channels-last rows read in place too), splitting each
+// -> 5.58; Xeon, 2 threads). Only where something is packed (the input's
+// planes, or the output gradient), and with a sample per thread. With
+// nothing packed (a channels-first 1-D input read in place, its output
+// gradient's channels-last rows read in place too), splitting each
 // sample's products inside the kernel ran 1.03-1.07x as fast as by samples
 // on four channels-first 1-D layers of 16-64 channels in one interleaved
 // run, 0.97-1.04x in another (Cascade Lake, 2 threads). The partial sums
 // are added in a fixed order: deterministic for a thread count, as the
 // depthwise kernels are.
-bool multiplies_by_samples(const Layout& layout, const Geometry& g, bool fused_rows, bool packs_dy,
-                           bool input_in_place) {
+bool multiplies_by_samples(const Geometry& g, bool fused_rows, bool packs_planes, bool packs_dy) {
   const int64_t threads = at::get_num_threads();
-  const bool packs_input = !layout.direct && !input_in_place;
-  return !(fused_rows && fused_swaps_operands(g)) && (packs_input || packs_dy) && threads > 1 &&
+  return !(fused_rows && fused_swaps_operands(g)) && (packs_planes || packs_dy) && threads > 1 &&
          g.batch >= threads && !at::in_parallel_region();
 }
 
@@ -614,7 +612,10 @@ at::Tensor run(const Problem& problem) {
   const int64_t groups = g.groups, in_per_group = g.in_channels / groups, out_per_group = g.out_channels / groups;
   const at::TensorOptions sums_options = x5.options().dtype(dtype);
 
-  if (multiplies_by_samples(layout, g, fused_rows, packs_dy, in_place)) {
+  // The input's planes are packed unless they are the input itself or it is
+  // read in place.
+  const bool packs_planes = !layout.direct && !in_place;
+  if (multiplies_by_samples(g, fused_rows, packs_planes, packs_dy)) {
     const int64_t threads = at::get_num_threads();
     const at::Tensor partials = at::empty({threads, groups, g.taps(), in_per_group, out_per_group}, sums_options);
     Geometry sample = g;
@@ -808,9 +809,8 @@ double cost(const Problem& problem, const Geometry& g) {
   }
   if (!fused) {
     // Each thread's own samples are multiplied one at a time; other samples
-    // whose rows do not flatten together in batches where run() does. (Only
-    // the fused kernel reads an input in place.)
-    const bool by_samples = multiplies_by_samples(layout, g, fused, packs_dy, /*input_in_place=*/false);
+    // whose rows do not flatten together in batches where run() does.
+    const bool by_samples = multiplies_by_samples(g, fused, packs_planes, packs_dy);
     const bool samples_flatten = (input_channels_last || packs_input) && !by_samples;
     const double sample_rows = padded_rows * g.out[0];
     const double products_per_tap =

@@ -186,9 +186,6 @@ static_assert(kTileO == 2 * kLanes, "a tile's row of B is two vectors");
 using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo,
                         int64_t width, bool zero);
 
-// kM x kVectors accumulators, enough independent FMA chains to hide the FMA
-// latency, with registers left for B and the broadcast. kPartial: out's last
-// vector has fewer than kLanes columns and is read and written under a mask.
 // How a tile finds its rows of A. Twelve row pointers do not fit x86-64's
 // registers beside the loop's own: GCC spilled them to vector registers and
 // the stack, four extra instructions in a loop of 42 that the 4-wide front
