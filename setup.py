@@ -41,12 +41,14 @@ def extension():
     # (Py_LIMITED_API), so one abi3 binary serves every CPython >= 3.10 for the
     # torch it was built against.
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/*/*.cpp"))
-    cxx_flags = ["-O3", "-fdiagnostics-color=always"]
+    # The kernels are C++20 (requires-expressions, template lambdas); torch 2.11's
+    # BuildExtension would otherwise pass -std=c++17.
+    cxx_flags = ["-std=c++20", "-O3", "-fdiagnostics-color=always"]
     link_flags = []
     if os.environ.get("TORCH_CONVGRAD_SANITIZE") == "1":
         # vptr checks need RTTI of torch's (uninstrumented) classes: false reports.
         sanitizers = ["-fsanitize=address,undefined", "-fno-sanitize=vptr", "-fno-sanitize-recover=undefined"]
-        cxx_flags = ["-O1", "-g", "-fno-omit-frame-pointer", *sanitizers, "-fdiagnostics-color=always"]
+        cxx_flags = ["-std=c++20", "-O1", "-g", "-fno-omit-frame-pointer", *sanitizers, "-fdiagnostics-color=always"]
         link_flags = list(sanitizers)
     # at::parallel_for is header code: without OpenMP it runs on one thread.
     # torch's own libgomp then serves both.
