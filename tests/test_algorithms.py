@@ -349,13 +349,16 @@ def test_gemm_results_outlive_its_scratch_buffers(data_format):
 # transposes it as it stages it (rows of 6 to 21 pixels: whole, overlapping
 # and element-wise transposes), unless it has fewer channels than lanes (4),
 # or, on AVX-512 CPUs without bf16 products, 3, 5 or 7 taps along the row at
-# stride 1 or 2 without dilation (float row tiles: FLOAT_ROW_CASES below).
+# stride 1 or 2 without dilation (float row tiles: FLOAT_ROW_CASES below; on
+# AMX CPUs 3 taps, or 5 and 7 on short rows). bf16 rows of fewer than 5 taps
+# at stride 1 that those tiles do not take (dilated ones here) run on
+# AVX512_BF16 dot products where the CPU has them.
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 @pytest.mark.parametrize("channels,groups", [(32, 32), (37, 37), (4, 4), (36, 18), (32, 8), (40, 5)])
 @pytest.mark.parametrize("kernel,stride,dilation,pads", [
     (3, 1, 1, (1, 1)), (3, 2, 1, (0, 1)), (5, 3, 1, (2, 0)), (7, 1, 2, (5, 3)), (4, 2, 3, (3, 2)), (9, 1, 1, (8, 0)),
-    (3, 2, 2, (2, 1)), (3, 3, 3, (1, 1))])
+    (3, 2, 2, (2, 1)), (3, 3, 3, (1, 1)), (3, 1, 2, (2, 2))])
 def test_depthwise_and_grouped_kernels(channels, groups, kernel, stride, dilation, pads, dtype, data_format):
     lanes = 4 if dtype == torch.float64 else 8
     if channels // groups > lanes:
@@ -1174,8 +1177,9 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 
 
 # On an AVX-512 CPU without bf16 products, channels-first depthwise layers with 3, 5 or 7 taps
-# along the row (stride 1 or 2 and dilation 1 along it) run on float row tiles (elsewhere on the
-# other kernels): rows of 16 windows (one whole vector), 17 and 70 (a partial last one); 19 and 13
+# along the row (stride 1 or 2 and dilation 1 along it) run on float row tiles (on AMX CPUs those
+# with 3 taps, and with 5 or 7 on rows of at most 32 windows in bf16/f16 and 16 at stride 1 in
+# f32; elsewhere on the other kernels): rows of 16 windows (one whole vector), 17 and 70 (a partial last one); 19 and 13
 # output rows, which run 8 (3 taps along the row), 4 (three rows of 7) or 3 (four rows of 7) at a
 # time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 4 + 3 and 3 + 3 + 3),
 # a single row of taps, asymmetric padding; stride 2 along both axes (4 output rows at a time; rows

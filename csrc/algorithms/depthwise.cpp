@@ -110,6 +110,31 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // MobileNetV2's channels-last ones 0.91-1.05 times (three runs).
   const CpuCalibration calibration = cpu_calibration();
   args.prefetch_next_rows = calibration == CpuCalibration::Avx512Bf16 || calibration == CpuCalibration::Avx512;
+  // Channels-first planes of f32, bf16 and f16 on float row tiles
+  // (channels_first's float_rows), against the channels-last kernel's
+  // transposition. Where AVX-512 has no bf16 products (Intel Xeon, Cascade
+  // Lake, 2 threads, interleaved in one process, two runs): MobileNetV2's 3x3
+  // layer (N=16, 144 channels, 56x56) 1.40-1.54 times as fast in f32 and
+  // 1.62-1.71 in bf16/f16, its stride-2 layer 1.26-1.41, ConvNeXt's 7x7 layer
+  // (N=8, 96 channels) 1.07-1.14. On an AMX CPU (2026-11-28, 2 threads,
+  // interleaved), against the transposition and, in bf16, the dot-product
+  // planes below: 3 taps along the row 1.3-3.9 times as fast (MobileNetV2 at
+  // 56x56 1.36 in f32, 1.42 in f16, 1.64 in bf16, stride 2 1.06-1.35; 112x112
+  // to 7x7 maps and a 1-D layer alike, but f32 at 7x7 0.99); 5 and 7 taps
+  // 1.4-2.7 times on rows of 14 windows and, in bf16/f16, 1.06-1.47 on rows of
+  // 28, while f32 rows of 28 windows or stride 2 ran 0.87-0.97 times and
+  // ConvNeXt's rows of 56 0.87 times, which stay on the channels-last kernel.
+  const auto dtype = problem.input.scalar_type();
+  const int64_t row_taps = geometry.kernel[2], row_windows = geometry.out[2];
+  const bool float_rows_win =
+      calibration == CpuCalibration::Avx512 ||
+      (calibration == CpuCalibration::Avx512Amx &&
+       (row_taps == 3 ||
+        (row_windows <= 32 && (dtype != at::kFloat || (row_windows <= 16 && geometry.stride[2] == 1)))));
+  args.float_rows = float_rows_win && dtype != at::kDouble && args.group_channels == 1 &&
+                    kernel::float_row_taps(row_taps) && geometry.stride[2] <= 2 && geometry.dilation[2] == 1 &&
+                    args.input_strides[1] != 1 && args.grad_output_strides[1] != 1 &&
+                    args.grad_output_strides[4] == 1;
   // Depthwise channels-first planes on AVX512_BF16 dot products, output row
   // by output row, where the channels-last kernel would transpose them:
   // against that, MobileNetV2's 3x3 layers (N=16, stride 1) ran 1.37-1.59
@@ -117,9 +142,9 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // 1.71-1.83 at 14x14 and 1.09-1.19 at 7x7 (Zen 4, 2 threads,
   // interleaved). With stride 2 along the row they ran 0.83-1.18 times as
   // fast, and with 7 taps along it 0.77 times, and stay there.
-  const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
-  args.bf16_planes = bf16_products && cpu_is_avx512() && kernel::AVX512::bf16_planes_built() &&
-                     geometry.kernel[2] < 5 && geometry.stride[2] == 1 && args.group_channels == 1 &&
+  const bool bf16_products = dtype == at::kBFloat16 && cpu_has_avx512_bf16();
+  args.bf16_planes = !args.float_rows && bf16_products && cpu_is_avx512() && kernel::AVX512::bf16_planes_built() &&
+                     row_taps < 5 && geometry.stride[2] == 1 && args.group_channels == 1 &&
                      args.input_strides[1] != 1 && args.grad_output_strides[1] != 1 &&
                      args.grad_output_strides[4] == 1;
   // Elsewhere, pairs of windows on the same products, for 3 taps or more
@@ -130,19 +155,7 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // 3x3 layers 0.95-1.38 times (MobileNetV2's at 56x56 1.17-1.2, 14x14
   // layers 0.95-1.01), 4-wide 1.13-1.24; 2-wide 0.98-1.10 times, so those
   // stay on the float tiles.
-  args.bf16_pairs = bf16_products && geometry.kernel[2] >= 3 && !args.bf16_planes;
-  // Where AVX-512 has no bf16 products, channels-first planes of f32, bf16
-  // and f16 on float row tiles (channels_first's float_rows), against the
-  // channels-last kernel's transposition (Intel Xeon, Cascade Lake, 2
-  // threads, interleaved in one process, two runs): MobileNetV2's 3x3 layer
-  // (N=16, 144 channels, 56x56) 1.40-1.54 times as fast in f32 and 1.62-1.71
-  // in bf16/f16, its stride-2 layer 1.26-1.41, ConvNeXt's 7x7 layer (N=8, 96
-  // channels) 1.07-1.14.
-  const auto dtype = problem.input.scalar_type();
-  args.float_rows = calibration == CpuCalibration::Avx512 && dtype != at::kDouble &&
-                    args.group_channels == 1 && kernel::float_row_taps(geometry.kernel[2]) &&
-                    geometry.stride[2] <= 2 && geometry.dilation[2] == 1 && args.input_strides[1] != 1 &&
-                    args.grad_output_strides[1] != 1 && args.grad_output_strides[4] == 1;
+  args.bf16_pairs = bf16_products && row_taps >= 3 && !args.bf16_planes;
   args.dense_planes = spatial_flattens(geometry.in, geometry.input_strides) &&
                       spatial_flattens(geometry.out, geometry.grad_output_strides);
   return args;
