@@ -1057,7 +1057,8 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [37, 1, 3, 3], **attributes), dtype)
 
 
-# On a CPU with AVX512_BF16, the depthwise kernel sums bf16 layers whose stride along the row
+# On a CPU with AVX512_BF16 and without AMX (where the float tiles measured faster), the
+# depthwise kernel sums bf16 layers whose stride along the row
 # equals their dilation, with 3 taps or more along the row (but channels-first stride-1 layers with
 # fewer than 5, the planes below), in pairs of windows (VDPBF16PS), 8 windows at a time from the
 # row's start, and the rest on float FMAs: rows of 8 windows (all paired), 9 (one left), 23 and 47
@@ -1122,7 +1123,8 @@ def test_bf16_depthwise_window_pairs_keep_non_finite_inputs_to_the_taps_that_rea
 
 
 # On a CPU with AVX512_BF16, channels-first bf16 depthwise layers with stride 1 along the row and
-# fewer than 5 taps along it run output row by output row, 32 windows at a time in pairs
+# fewer than 5 taps along it (on AMX CPUs, those the float row tiles do not take: dilated along the
+# row, or other than 3 taps along it) run output row by output row, 32 windows at a time in pairs
 # (VDPBF16PS), from the input plane staged as it is: rows of 32 windows (one whole step), 33 and 70
 # (a partial last step), 9 (one partial step); stride 2 and dilation 3 across rows, dilation 2 along
 # them; 1-D and 3-D; a kernel of 36 taps (two tiles of sums); a plane of 100x96. Each contiguous

@@ -154,8 +154,13 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // channels-first before that staging (which adds 1.1-1.15), channels-last
   // 3x3 layers 0.95-1.38 times (MobileNetV2's at 56x56 1.17-1.2, 14x14
   // layers 0.95-1.01), 4-wide 1.13-1.24; 2-wide 0.98-1.10 times, so those
-  // stay on the float tiles.
-  args.bf16_pairs = bf16_products && row_taps >= 3 && !args.bf16_planes;
+  // stay on the float tiles. On an AMX CPU the float tiles were the faster
+  // (2026-11-28, 2 threads, interleaved, two runs): bf16 channels-last layers
+  // 1.16-1.75 times as fast as on the pairs (MobileNetV2 at 56x56 1.32-1.35,
+  // ConvNeXt 1.36-1.37, 14x14 maps 1.16-1.21, 112x112 1.30-1.31, 1-D 1.75;
+  // stride 2 0.99-1.08), ConvNeXt channels-first 1.28-1.31.
+  args.bf16_pairs =
+      bf16_products && calibration != CpuCalibration::Avx512Amx && row_taps >= 3 && !args.bf16_planes;
   args.dense_planes = spatial_flattens(geometry.in, geometry.input_strides) &&
                       spatial_flattens(geometry.out, geometry.grad_output_strides);
   return args;
