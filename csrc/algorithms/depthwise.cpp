@@ -117,13 +117,14 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // layer (N=16, 144 channels, 56x56) 1.40-1.54 times as fast in f32 and
   // 1.62-1.71 in bf16/f16, its stride-2 layer 1.26-1.41, ConvNeXt's 7x7 layer
   // (N=8, 96 channels) 1.07-1.14. On an AMX CPU (2026-11-28, 2 threads,
-  // interleaved), against the transposition and, in bf16, the dot-product
-  // planes below: 3 taps along the row 1.3-3.9 times as fast (MobileNetV2 at
-  // 56x56 1.36 in f32, 1.42 in f16, 1.64 in bf16, stride 2 1.06-1.35; 112x112
-  // to 7x7 maps and a 1-D layer alike, but f32 at 7x7 0.99); 5 and 7 taps
-  // 1.4-2.7 times on rows of 14 windows and, in bf16/f16, 1.06-1.47 on rows of
-  // 28, while f32 rows of 28 windows or stride 2 ran 0.87-0.97 times and
-  // ConvNeXt's rows of 56 0.87 times, which stay on the channels-last kernel.
+  // interleaved, two runs), against the transposition and, in bf16, the
+  // dot-product planes below: 3 taps along the row 1.3-3.9 times as fast
+  // (MobileNetV2 at 56x56 1.36-1.45 in f32, 1.40-1.42 in f16, 1.56-1.64 in
+  // bf16, stride 2 0.99-1.35; 112x112 to 7x7 maps and a 1-D layer alike, but
+  // f32 at 7x7 0.99); 5 and 7 taps 1.3-2.7 times on rows of 14 windows and, in
+  // bf16/f16, 1.06-1.51 on rows of 28, while f32 rows of 28 windows or stride 2
+  // ran 0.87-0.97 times and ConvNeXt's rows of 56 0.87 times, which stay on the
+  // channels-last kernel.
   const auto dtype = problem.input.scalar_type();
   const int64_t row_taps = geometry.kernel[2], row_windows = geometry.out[2];
   const bool float_rows_win =
