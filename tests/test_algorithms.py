@@ -1178,21 +1178,21 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 
 
 
-# On an AVX-512 CPU without bf16 products, channels-first depthwise layers with 3, 5 or 7 taps
-# along the row (stride 1 or 2 and dilation 1 along it) run on float row tiles (on AMX CPUs those
-# with 3 taps, and with 5 or 7 on rows of at most 32 windows in bf16/f16 and 16 at stride 1 in
-# f32; elsewhere on the other kernels): rows of 16 windows (one whole vector), 17 and 70 (a partial last one); 19 and 13
-# output rows, which run 8 (3 taps along the row), 4 (three rows of 7) or 3 (four rows of 7) at a
-# time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 4 + 3 and 3 + 3 + 3),
-# a single row of taps, asymmetric padding; stride 2 along both axes (4 output rows at a time; rows
-# of kernels over 9 taps staged into two phases: 32 elements and a partial vector, an odd padding
-# that stages the first element alone), stride 2 along the row only, and stride and dilation
-# across rows (one output row at a time); 1-D and 3-D. Each contiguous and as views: input rows read with a stride (staged
-# element by element) and a slice of the channels. Rows of kernels up to 3x3 at stride 1 along the
-# row, 14 windows or more, are read in place in every dtype (16, 17 and 70 windows, wide and right
-# padding, a single row of taps, 1-D, 3-D with one row of taps), and at stride 2 as well (odd,
-# even, wide and no padding along the row, 1-D), and a plane of 4 KiB or more prefetches the next
-# planes (large-plane, stride-2-large-plane).
+# On an AVX-512 CPU without bf16 products, channels-first depthwise layers with 3, 5 or 7 taps along
+# the row (stride 1 or 2 and dilation 1 along it) run on float row tiles (on AMX CPUs those with 3
+# taps, and with 5 or 7 on rows of at most 32 windows in bf16/f16 and 16 at stride 1 in f32;
+# elsewhere on the other kernels): rows of 16 windows (one whole vector), 17 and 70 (a partial last
+# one); 19 and 13 output rows, which run 8 (3 taps along the row), 4 (three rows of 7) or 3 (four
+# rows of 7) at a time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 4 + 3 and
+# 3 + 3 + 3), a single row of taps, asymmetric padding; stride 2 along both axes (4 output rows at a
+# time; rows of kernels over 9 taps staged into two phases: 32 elements and a partial vector, an odd
+# padding that stages the first element alone), stride 2 along the row only, and stride and dilation
+# across rows (one output row at a time); 1-D and 3-D. Each contiguous and as views: input rows read
+# with a stride (staged element by element) and a slice of the channels. Rows of kernels up to 3x3
+# at stride 1 along the row, 14 windows or more, are read in place in every dtype (16, 17 and 70
+# windows, wide and right padding, a single row of taps, 1-D, 3-D with one row of taps), and at
+# stride 2 as well (odd, even, wide and no padding along the row, 1-D), and a plane of 4 KiB or more
+# prefetches the next planes (large-plane, stride-2-large-plane).
 FLOAT_ROW_CASES = {
     # name: (n, c, size, kernel, attributes)
     "16-windows": (2, 5, (19, 16), (3, 3), dict(pads_begin=1, pads_end=1)),
