@@ -935,24 +935,25 @@ def test_amx_gathers_an_output_gradient_it_cannot_read_in_place(layout):
 
 
 # amx_depthwise multiplies the kernel's rows plus one of the input by 8 taps
-# along the row for a pair of output rows a tile product, over chunks of 32
-# positions of the padded row, each B row built from a window of 32. The
-# cases cover an odd count of output rows (a pair with one of them), odd
-# positions, several chunks of a row, the largest kernel (15 rows, 8 taps
-# along the row), dilation along the row (reaching 20 positions: windows
-# that do not split B's 16 rows evenly), asymmetric and one-sided padding,
-# 1-D, and 3-D with a one-deep kernel (planes of depth). Channels-last data
-# is transposed 32 channels at a time: 40 channels leave a partial block.
+# along the row, for each of a pair of output rows, over chunks of 32
+# positions of the padded row, B read from each output gradient row written
+# as overlapping pairs. The cases cover an odd count of output rows (a pair
+# with one of them), odd positions, several chunks of a row (the last one's
+# pairs reaching past the row), the largest kernel (15 rows, 8 taps along the
+# row), asymmetric, one-sided and more-than-the-kernel padding, 1-D, and 3-D
+# with a one-deep kernel (planes of depth). Channels-last data is transposed
+# 32 channels and 16 pixels at a time: 40 channels leave a partial block, 36
+# channels on rows of 40 pixels whole blocks and partial ones.
 AMX_DEPTHWISE_CASES = {
     # name: (n, c, size, kernel, attributes)
     "convnext-7x7": (2, 40, (13, 11), (7, 7), dict(pads_begin=3, pads_end=3)),
     "odd-rows-and-positions": (3, 8, (9, 15), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
     "chunks": (2, 6, (4, 70), (2, 3), dict(pads_begin=(0, 1), pads_end=(1, 1))),
     "kernel-15x8": (2, 5, (17, 9), (15, 8), dict(pads_begin=(7, 4), pads_end=(7, 3))),
-    "row-dilation": (2, 7, (6, 40), (3, 4), dict(dilations=(1, 3), pads_begin=(1, 0), pads_end=(0, 5))),
-    "row-dilation-20": (2, 4, (5, 60), (3, 5), dict(dilations=(1, 5), pads_begin=(1, 2), pads_end=(1, 2))),
+    "wide-padding": (2, 7, (6, 40), (3, 4), dict(pads_begin=(1, 5), pads_end=(0, 6))),
+    "whole-blocks": (3, 36, (5, 40), (3, 3), dict(pads_begin=1, pads_end=1)),
     "no-padding": (2, 33, (12, 12), (5, 5), {}),
-    "1-D": (3, 12, (37,), (8,), dict(dilations=2, pads_begin=3, pads_end=1)),
+    "1-D": (3, 12, (37,), (8,), dict(pads_begin=3, pads_end=1)),
     "3-D-one-deep": (2, 9, (3, 6, 7), (1, 3, 3), dict(pads_begin=(0, 1, 1), pads_end=(0, 1, 1))),
 }
 
@@ -1025,13 +1026,13 @@ def test_amx_depthwise_spreads_non_finite_gradients_as_the_reference(value, data
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 def test_amx_depthwise_leaves_what_it_cannot_take():
-    """Strides, dilation between rows, more than 8 taps along the row or 15 along the column, taps
-    along the row spanning more than 31 positions, f32, and groups of several channels go
-    elsewhere."""
+    """Strides, dilation (between rows or along them: B's pairs of taps along the row are then not
+    neighbours), more than 8 taps along the row or 15 along the column, f32, and groups of several
+    channels go elsewhere."""
     for kernel, extra, dtype, groups in (((3, 3), dict(strides=2), torch.bfloat16, 8),
                                          ((3, 3), dict(dilations=(2, 1)), torch.bfloat16, 8),
+                                         ((3, 3), dict(dilations=(1, 2)), torch.bfloat16, 8),
                                          ((3, 9), {}, torch.bfloat16, 8), ((16, 3), {}, torch.bfloat16, 8),
-                                         ((3, 5), dict(dilations=(1, 8)), torch.bfloat16, 8),
                                          ((3, 3), {}, torch.float32, 8), ((3, 3), {}, torch.bfloat16, 4)):
         x = rand([2, 8, 20, 40], dtype, seed=45)
         attributes = dict(extra, groups=groups, data_format="NCX", filter_format="OIX")

@@ -1,9 +1,9 @@
 // bf16 depthwise 2-D layers with stride 1 on AMX tiles: depthwise_kernel.h's
-// amx_bf16, one tile product per pair of output rows and chunk of 32
+// amx_bf16, two tile products per pair of output rows and chunk of 32
 // positions along the padded input row. The depthwise kernel's FMA tiles run
 // at the FMA ports' rate, which bounds a 7x7 layer (ConvNeXt: 49
 // multiply-adds per element read), so its bf16 form gains from the tiles'
-// rate even though a product uses only 2 x 7 x 7 of its 16 x 16 sums. ATen
+// rate even though a product uses only 7 x 7 of its 8 x 8 sums. ATen
 // takes inputs with an infinity or NaN.
 #include "depthwise.h"
 
@@ -33,8 +33,8 @@ namespace {
 // Chunks of 32 positions along the padded input row, as the kernel splits it.
 int64_t row_chunks(const Geometry& g) { return ceil_div(g.in[2] + g.pad_begin[2], 32); }
 
-// One tile product per chunk and pair of output rows.
-int64_t products_of(const Geometry& g) {
+// Steps (two tile products each): one per chunk and pair of output rows.
+int64_t steps_of(const Geometry& g) {
   return g.batch * g.in_channels * g.out[0] * ceil_div(g.out[1], 2) * row_chunks(g);
 }
 
@@ -53,11 +53,12 @@ bool supports(const Problem& problem) {
   const Geometry g = geometry_of(problem);
   // The first axis (3-D layers only) runs plane by plane: kernel 1, stride 1.
   if (g.kernel[0] != 1 || g.stride[0] != 1 || g.pad_begin[0] != 0) return false;
-  if (g.stride[1] != 1 || g.stride[2] != 1 || g.dilation[1] != 1 || g.pad_begin[1] < 0) return false;
-  // B's 16 columns hold 8 taps along the row for two output rows, each B
-  // row built from a window of 32 positions; A's 16 rows the kernel's rows
-  // plus one.
-  if (g.kernel[2] > 8 || (g.kernel[2] - 1) * g.dilation[2] > 30 || g.kernel[1] > 15) return false;
+  if (g.stride[1] != 1 || g.stride[2] != 1 || g.dilation[1] != 1 || g.dilation[2] != 1 || g.pad_begin[1] < 0)
+    return false;
+  // B's 8 columns hold the taps along the row, read as overlapping pairs of
+  // grad_output positions (consecutive only without dilation); A's 16 rows
+  // the kernel's rows plus one.
+  if (g.kernel[2] > 8 || g.kernel[1] > 15) return false;
   return channels_first(g) || (g.input_strides[1] == 1 && g.grad_output_strides[1] == 1);
 #else
   (void)problem;
@@ -67,13 +68,15 @@ bool supports(const Problem& problem) {
 
 // Measured on an Intel Xeon (Sapphire Rapids, 2 cores), 2 threads, bf16,
 // 2026-11-24: ConvNeXt's 7x7 layers (N=8, 96 channels at 56x56 to 768 at
-// 7x7, channels-first) fit about 14 ns a product and 25 ns a plane (the
-// input's copy, the loop's ends); channels-last data adds its transposition,
-// 12 to 60 GB/s of padded planes, 25 typical, and 35 ns a plane (the 7x7
-// maps'). The depthwise kernel ran the 3x3 layers and the 7x7 maps of 7x7
-// channels-last faster.
-constexpr double kSecondsPerProduct = 14e-9;
-constexpr double kSecondsPerPlane = 25e-9;
+// 7x7, channels-first) fit about 14 ns a step and 25 ns a plane (the input's
+// copy, the loop's ends) with B built per step; channels-last data adds its
+// transposition, 12 to 60 GB/s of padded planes, 25 typical, and 35 ns a
+// plane (the 7x7 maps'). With B read from pair rows (AMX CPU, 2026-11-28),
+// those layers and 5x5 and 3x3 ones on 28x28 maps, channels-first, took
+// 0.83-1.2 times 11 ns a step and 15 ns a plane. The depthwise kernel ran the
+// 3x3 layers and the 7x7 maps of 7x7 channels-last faster.
+constexpr double kSecondsPerStep = 11e-9;
+constexpr double kSecondsPerPlane = 15e-9;
 constexpr double kTransposedBytesPerSecond = 25e9;
 constexpr double kTransposedSecondsPerPlane = 35e-9;
 constexpr double kBytesPerSecond = 21e9;
@@ -82,7 +85,7 @@ constexpr double kOverheadSeconds = 15e-6;
 double cost(const Problem& problem, const Geometry& g) {
   const double bytes = g.data_bytes(problem.input.element_size());
   const double planes = static_cast<double>(g.batch * g.in_channels * g.out[0]);
-  const double compute = static_cast<double>(products_of(g)) * kSecondsPerProduct + planes * kSecondsPerPlane;
+  const double compute = static_cast<double>(steps_of(g)) * kSecondsPerStep + planes * kSecondsPerPlane;
   // Channels-last planes are transposed into the input's padded layout (its
   // rows the products reach, each a whole number of chunks) and the output
   // gradient's.

@@ -88,9 +88,8 @@ inline bool float_row_taps(int64_t taps_along_row) {
 // (GCC 11 and Clang 12 have the tile intrinsics; Linux grants the tile state).
 #if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
 #define TORCH_CONVGRAD_DEPTHWISE_AMX 1
-// bf16 depthwise 2-D layers with stride 1, no dilation between rows, at
-// most 8 taps along the row spanning at most 31 positions and 15 rows of
-// taps, on AMX tiles (amx_depthwise.cpp checks). Writes the result as
+// bf16 depthwise 2-D layers with stride 1, no dilation, at most 8 taps
+// along the row and 15 rows of taps, on AMX tiles (amx_depthwise.cpp checks). Writes the result as
 // channels_last and channels_first do. Only where the CPU has AMX-BF16 and
 // amx_tiles_granted().
 namespace AVX512 {
@@ -1938,26 +1937,27 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
 #if defined(CPU_CAPABILITY_AVX512) && defined(TORCH_CONVGRAD_DEPTHWISE_AMX)
 // ---------------------------------------------------------------------------
 // amx_bf16: one plane (sample, channel) at a time on AMX tiles, for bf16
-// depthwise 2-D layers with stride 1 and no dilation between rows. The FMA tiles above
+// depthwise 2-D layers with stride 1 and no dilation. The FMA tiles above
 // stop at the FMA ports' rate; a tile product multiplies 16 x 16 x 32 at once.
 // Per pair of output rows (o, o + 1) and chunk of 32 positions c along the
-// padded input row (positions c = iw + pad_w):
+// padded input row (positions c = iw + pad_w), two products, b = 0 and 1:
 //
-//   A[m][k]         = input[o + m - pad_h][c0 + k - pad_w]                 (KH + 1 rows)
-//   B[k][b * 8 + n] = grad_output[o + b][c0 + k - (KW - 1 - n) * dilation_w]
-//   C[m][b * 8 + n] += sum_k A[m][k] * B[k][b * 8 + n],  tap (m - b, KW - 1 - n)
+//   A[m][k]      = input[o + m - pad_h][c0 + k - pad_w]             (KH + 1 rows)
+//   B_b[k][n]    = grad_output[o + b][c0 + k - (KW - 1 - n)]       (8 columns)
+//   C_b[m][n]   += sum_k A[m][k] * B_b[k][n],  tap (m - b, KW - 1 - n)
 //
 // so the tap each C element sums is the same for every product, and C stays
 // in its tile across the plane. A's rows are rows of the input plane, copied
 // (channels-last: transposed) once per plane onto cache lines with zeros
 // around them (the padding), and loaded in place: a tile load of rows that
-// straddle lines ran 5x slower.
-// B (16 rows of pairs along k, VNNI) is built per product: a window of each
-// of the two grad_output rows (zero outside the plane) in two registers, and
-// per B row one permutation of the pair into the 8 taps' neighbouring
-// positions. It is built while the product before it runs: a tile load right
-// after the stores that wrote its data stalled. Of C's 16 x 16 sums a 7 x 7
-// kernel uses 2 x 7 x 7 (8 rows of 16).
+// straddle lines ran 5x slower. B's rows are pairs along k (VNNI): row j
+// holds grad_output positions (s, s + 1) for s = c0 + 2j - (KW - 1) + n, n
+// < 8, so with each grad_output row written once as its overlapping pairs,
+// P[t] = (row[t - KW + 1], row[t - KW + 2]) (zero outside the plane), B_b is
+// the 16 rows of 8 pairs at P + c0 + 2j: a tile load with a row stride of 8
+// bytes. Against building each B in registers (a permutation per B row, 16
+// columns for both output rows), which bound the products at about 4x the
+// tiles' own time: TODO.
 // ---------------------------------------------------------------------------
 
 #define TORCH_CONVGRAD_AMX_TARGET \
@@ -1971,72 +1971,75 @@ struct alignas(64) TileConfig {
   uint8_t reserved_end[16];
 };
 
-constexpr int64_t kAmxChunk = 32;          // positions along the row a product sums (bf16 per 64-byte row)
-constexpr int64_t kAmxRowTaps = 8;         // B's columns per output row
-constexpr int64_t kAmxSums = 2 * 16 * 16;  // a channel's two C tiles of float32
-constexpr int64_t kAmxRing = 4;            // B buffers, built ahead of their products
+constexpr int64_t kAmxChunk = 32;           // positions along the row a product sums (bf16 per 64-byte row)
+constexpr int64_t kAmxRowTaps = 8;          // B's and C's columns: taps along the row
+constexpr int64_t kAmxTileSums = 16 * kAmxRowTaps;  // a C tile's float32 sums
+constexpr int64_t kAmxSums = 2 * kAmxTileSums;      // a channel's two C tiles
+constexpr int64_t kAmxPairsAhead = 2;       // pairs of grad_output rows written ahead of their products
 
 struct AmxPlan {
-  int64_t H, W, OH, OW, KH, KW, pad_h, pad_w, dilation_w;
-  int64_t reach;          // (KW - 1) * dilation_w, at most 30 (amx_depthwise.cpp checks)
-  int64_t chunks;         // of kAmxChunk positions along the padded row
-  int64_t x_rows;         // the padded input plane: rows o .. o + KH for every pair o
-  int64_t x_pitch;        // and its row pitch, chunks * kAmxChunk
+  int64_t H, W, OH, OW, KH, KW, pad_h, pad_w;
+  int64_t chunks;          // of kAmxChunk positions along the padded row
+  int64_t x_rows;          // the padded input plane: rows o .. o + KH for every pair o
+  int64_t x_pitch;         // and its row pitch, chunks * kAmxChunk
   int64_t w_begin, w_end;  // the input positions it holds (a negative pad_w crops)
-  int64_t group, groups;  // B rows built from one window of 32 positions (the last may build fewer), windows a B
-  std::vector<uint32_t> window_masks;  // [chunk][group of B rows]: the window's positions inside the plane
-  std::vector<uint16_t> b_index;       // [B row][32]: the permutation of (row o window, row o + 1 window)
+  int64_t pair_rows;       // grad_output rows written as pairs, OH rounded up to even (the last one zero)
+  int64_t pair_pitch;      // and their pitch in pairs: every B's 16 rows of 8 pairs, on cache lines
+  std::vector<uint32_t> pair_masks;  // per 16 pairs of a row: the grad_output positions inside the row
 };
 
 inline AmxPlan amx_plan(const Args& args) {
   AmxPlan plan{args.in[1], args.in[2], args.out[1], args.out[2], args.kernel[1], args.kernel[2],
-               args.pad_begin[1], args.pad_begin[2], args.dilation[2], 0, 0, 0, 0, 0, 0, 0, 0, {}, {}};
-  const int64_t reach = plan.reach = (plan.KW - 1) * plan.dilation_w;
+               args.pad_begin[1], args.pad_begin[2], 0, 0, 0, 0, 0, 0, 0, {}};
   plan.chunks = (plan.W + plan.pad_w + kAmxChunk - 1) / kAmxChunk;
   plan.x_rows = round_up(plan.OH, 2) + plan.KH;
   plan.x_pitch = plan.chunks * kAmxChunk;
   plan.w_begin = std::max<int64_t>(0, -plan.pad_w);
   plan.w_end = std::min(plan.W, plan.x_pitch - plan.pad_w);
-  // A window of 32 serves B rows j0 .. j0 + group - 1: it must hold
-  // positions 2 * (group - 1) + reach + 1 on from its first.
-  const int64_t most = std::min<int64_t>(16, (kAmxChunk - 2 - reach) / 2 + 1), groups = (16 + most - 1) / most;
-  plan.groups = groups;
-  plan.group = (16 + groups - 1) / groups;  // the last window may serve fewer
-  plan.window_masks.resize(plan.chunks * groups);
-  for (int64_t chunk = 0; chunk < plan.chunks; ++chunk)
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t first = chunk * kAmxChunk + 2 * g * plan.group - reach;
-      uint32_t mask = 0;
-      for (int64_t lane = 0; lane < 32; ++lane)
-        if (first + lane >= 0 && first + lane < plan.OW) mask |= uint32_t{1} << lane;
-      plan.window_masks[chunk * groups + g] = mask;
-    }
-  plan.b_index.resize(16 * 32);
-  for (int64_t j = 0; j < 16; ++j)
-    for (int64_t n = 0; n < kAmxRowTaps; ++n)
-      for (int64_t e = 0; e < 2; ++e) {
-        // Columns past KW are never read; they repeat the last tap's.
-        const auto at = static_cast<uint16_t>(2 * (j % plan.group) + std::min(n, plan.KW - 1) * plan.dilation_w + e);
-        plan.b_index[j * 32 + 2 * n + e] = at;
-        plan.b_index[j * 32 + 16 + 2 * n + e] = static_cast<uint16_t>(32 + at);
-      }
+  plan.pair_rows = round_up(plan.OH, 2);
+  // The last chunk's B reads pairs up to (chunks - 1) * 32 + 2 * 15 + 7.
+  plan.pair_pitch = round_up(plan.chunks * kAmxChunk + 8, 16);
+  // Pairs t .. t + 15 take positions t - KW + 1 .. t - KW + 17 (32 loaded).
+  for (int64_t t = 0; t < plan.pair_pitch; t += 16) {
+    const int64_t first = std::clamp<int64_t>(plan.KW - 1 - t, 0, 32);
+    const int64_t last = std::clamp<int64_t>(plan.OW + plan.KW - 1 - t, first, 32);
+    plan.pair_masks.push_back(static_cast<uint32_t>(((uint64_t{1} << (last - first)) - 1) << first));
+  }
   return plan;
 }
 
 // Per-thread buffers, zero where never written: the padded input plane and
-// B's ring.
+// the grad_output plane's pairs.
 struct AmxBuffers {
-  explicit AmxBuffers(const AmxPlan& plan) : x(plan.x_rows * plan.x_pitch), b(kAmxRing * 16 * 16) {}
+  explicit AmxBuffers(const AmxPlan& plan)
+      : x(plan.x_rows * plan.x_pitch), pairs(plan.pair_rows * plan.pair_pitch) {}
   LineAlignedBuffer<uint16_t> x;
-  LineAlignedBuffer<uint32_t> b;
+  LineAlignedBuffer<uint32_t> pairs;
 };
+
+// pairs[t] = (row[t - KW + 1], row[t - KW + 2]) for t < plan.pair_pitch, each
+// zero outside the row's OW positions.
+TORCH_CONVGRAD_AMX_TARGET inline void amx_pair_row(const AmxPlan& plan, const uint16_t* row, uint32_t* pairs) {
+  // Pair i of 16 takes elements i and i + 1 of the 32 loaded from t - KW + 1.
+  alignas(64) static constexpr uint16_t kOverlapping[32] = {0, 1, 1, 2,  2,  3,  3,  4,  4,  5,  5,  6,  6,  7,  7,  8,
+                                                            8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15, 16};
+  const __m512i overlapping = _mm512_load_si512(kOverlapping);
+  const uint32_t* masks = plan.pair_masks.data();
+  row -= plan.KW - 1;
+  for (int64_t t = 0; t < plan.pair_pitch; t += 16, ++masks) {
+    const __m512i values = _mm512_maskz_loadu_epi16(*masks, row + t);
+    _mm512_store_si512(pairs + t, _mm512_permutexvar_epi16(overlapping, values));
+  }
+}
 
 // planes[c * plane_pitch + p] = source[p * pixel_stride + c] for c <
 // channels (at most 32), p < count: channels-last 16-bit data as a plane per
 // channel. Per 16 pixels: a 16 x 16 transpose of channel pairs (32-bit
-// units) in registers, then each pair's two channels separated. Through a
-// buffer, as two transposes of 16 pixels and then 32 pixels a store, it ran
-// ConvNeXt's 7x7 channels-last layer 1-7% slower.
+// units), then each pair's two channels separated. Through a buffer, as two
+// transposes of 16 pixels and then 32 pixels a store, it ran ConvNeXt's 7x7
+// channels-last layer 1-7% slower. Whole blocks of 16 pixels and 32 channels
+// transpose as they load (load_transposed): the transposition alone ran
+// 1.17x as fast so (AMX CPU, one thread, ConvNeXt's layer, data in L3).
 TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source, int64_t pixel_stride, int64_t count,
                                                          int64_t channels, uint16_t* planes, int64_t plane_pitch) {
   const __mmask32 channel_mask = channels >= 32 ? ~__mmask32{0} : (__mmask32{1} << channels) - 1;
@@ -2047,11 +2050,16 @@ TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source,
   const __m512i separate = _mm512_load_si512(kSeparate);
   for (int64_t p0 = 0; p0 < count; p0 += 16) {
     const int64_t left = count - p0;
-    __m512 rows[16], pairs[16];
-    for (int64_t i = 0; i < 16; ++i)
-      rows[i] = _mm512_castsi512_ps(i < left ? _mm512_maskz_loadu_epi16(channel_mask, source + (p0 + i) * pixel_stride)
-                                             : _mm512_setzero_si512());
-    transpose_registers(rows, pairs);
+    __m512 pairs[16];
+    if (left >= 16 && channels == 32) {
+      load_transposed(source + p0 * pixel_stride, pixel_stride * 2, pairs);
+    } else {
+      __m512 rows[16];
+      for (int64_t i = 0; i < 16; ++i)
+        rows[i] = _mm512_castsi512_ps(i < left ? _mm512_maskz_loadu_epi16(channel_mask, source + (p0 + i) * pixel_stride)
+                                               : _mm512_setzero_si512());
+      transpose_registers(rows, pairs);
+    }
     const __mmask16 pixel_mask = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
     for (int64_t pair = 0; 2 * pair < channels; ++pair) {
       const __m512i both = _mm512_permutexvar_epi16(separate, _mm512_castps_si512(pairs[pair]));
@@ -2080,74 +2088,60 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_pad_plane(const AmxPlan& plan, const u
 
 // Adds one plane's products to the sums in C tiles 2 * set and 2 * set + 1;
 // `padded` is the input plane as amx_pad_plane writes it. Calls between(p,
-// products) after product p.
+// steps) after step p (a pair of output rows and a chunk: two products).
 template <typename Between>
 TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint16_t* padded, const uint16_t* dy,
                                                 int64_t dy_row, int set, AmxBuffers& buffers, Between&& between) {
   // Locals: the compiler cannot keep plan's fields in registers across the
   // vector stores, which may alias anything.
-  const int64_t OH = plan.OH, chunks = plan.chunks;
-  const int64_t x_pitch = plan.x_pitch, group = plan.group, reach = plan.reach;
-  uint32_t* ring = buffers.b.data();
-  const uint32_t* window_masks = plan.window_masks.data();
-  const uint16_t* b_index = plan.b_index.data();
-  // B for output rows o, o + 1 and a chunk into the ring.
-  const int64_t groups = plan.groups;
-  const auto build_b = [&](int64_t p, int64_t o, int64_t chunk) {
-    const uint16_t* first = dy + o * dy_row;
-    const bool second = o + 1 < OH;
-    uint32_t* b = ring + (p % kAmxRing) * 256;
-    const auto window = [&](int64_t g, int64_t rows) {
-      const int64_t start = chunk * kAmxChunk + 2 * g * group - reach;
-      const __mmask32 mask = window_masks[chunk * groups + g];
-      const __m512i low = _mm512_maskz_loadu_epi16(mask, first + start);
-      const __m512i high = second ? _mm512_maskz_loadu_epi16(mask, first + dy_row + start) : _mm512_setzero_si512();
-#pragma GCC unroll 16
-      for (int64_t j = g * group; j < g * group + rows; ++j)
-        _mm512_store_si512(b + j * 16, _mm512_permutex2var_epi16(low, _mm512_loadu_si512(b_index + j * 32), high));
-    };
-    if (group == 8) {
-      window(0, 8);
-      window(1, 8);
-    } else {
-      for (int64_t g = 0; g < groups; ++g) window(g, std::min<int64_t>(group, 16 - g * group));
-    }
+  const int64_t OH = plan.OH, chunks = plan.chunks, x_pitch = plan.x_pitch, pair_pitch = plan.pair_pitch;
+  uint32_t* pairs = buffers.pairs.data();
+  // A pair of output rows written kAmxPairsAhead pairs before its products:
+  // a tile load right after the stores that wrote its data stalls.
+  const auto write_pairs = [&](int64_t o) {
+    amx_pair_row(plan, dy + o * dy_row, pairs + o * pair_pitch);
+    if (o + 1 < OH) amx_pair_row(plan, dy + (o + 1) * dy_row, pairs + (o + 1) * pair_pitch);
   };
-  const int64_t products = (OH + 1) / 2 * chunks;
-  build_b(0, 0, 0);
-  // Product p reads output rows o, o + 1 and chunk `chunk`; the next one's B is built first.
-  for (int64_t p = 0, o = 0, chunk = 0; p < products; ++p) {
-    const int64_t next_chunk = chunk + 1 == chunks ? 0 : chunk + 1, next_o = next_chunk == 0 ? o + 2 : o;
-    if (p + 1 < products) build_b(p + 1, next_o, next_chunk);
-    const uint16_t* a = padded + o * x_pitch + chunk * kAmxChunk;
-    const uint32_t* b = ring + (p % kAmxRing) * 256;
-    // Tile numbers are immediates. The set's two sums take turns, so that a
-    // product need not wait for the one before; alternate products load A
-    // and B into tiles 4, 5 and 6, 7.
-    switch (set * 2 + (p & 1)) {
-      case 0:
-        _tile_loadd(4, a, 2 * x_pitch);
-        _tile_loadd(5, b, 64);
-        _tile_dpbf16ps(0, 4, 5);
-        break;
-      case 1:
-        _tile_loadd(6, a, 2 * x_pitch);
-        _tile_loadd(7, b, 64);
-        _tile_dpbf16ps(1, 6, 7);
-        break;
-      case 2:
-        _tile_loadd(4, a, 2 * x_pitch);
-        _tile_loadd(5, b, 64);
-        _tile_dpbf16ps(2, 4, 5);
-        break;
-      default:
-        _tile_loadd(6, a, 2 * x_pitch);
-        _tile_loadd(7, b, 64);
-        _tile_dpbf16ps(3, 6, 7);
+  for (int64_t o = 0; o < std::min<int64_t>(OH, 2 * kAmxPairsAhead); o += 2) write_pairs(o);
+  const int64_t steps = (OH + 1) / 2 * chunks;
+  for (int64_t o = 0, p = 0; o < OH; o += 2) {
+    if (o + 2 * kAmxPairsAhead < OH) write_pairs(o + 2 * kAmxPairsAhead);
+    for (int64_t chunk = 0; chunk < chunks; ++chunk, ++p) {
+      const uint16_t* a = padded + o * x_pitch + chunk * kAmxChunk;
+      const uint32_t* b = pairs + o * pair_pitch + chunk * kAmxChunk;
+      // Tile numbers are immediates; alternate steps load A into tiles 4
+      // and 5.
+      switch (set * 2 + (p & 1)) {
+        case 0:
+          _tile_loadd(4, a, 2 * x_pitch);
+          _tile_loadd(6, b, 8);
+          _tile_loadd(7, b + pair_pitch, 8);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(1, 4, 7);
+          break;
+        case 1:
+          _tile_loadd(5, a, 2 * x_pitch);
+          _tile_loadd(6, b, 8);
+          _tile_loadd(7, b + pair_pitch, 8);
+          _tile_dpbf16ps(0, 5, 6);
+          _tile_dpbf16ps(1, 5, 7);
+          break;
+        case 2:
+          _tile_loadd(4, a, 2 * x_pitch);
+          _tile_loadd(6, b, 8);
+          _tile_loadd(7, b + pair_pitch, 8);
+          _tile_dpbf16ps(2, 4, 6);
+          _tile_dpbf16ps(3, 4, 7);
+          break;
+        default:
+          _tile_loadd(5, a, 2 * x_pitch);
+          _tile_loadd(6, b, 8);
+          _tile_loadd(7, b + pair_pitch, 8);
+          _tile_dpbf16ps(2, 5, 6);
+          _tile_dpbf16ps(3, 5, 7);
+      }
+      between(p, steps);
     }
-    between(p, products);
-    chunk = next_chunk;
-    o = next_o;
   }
 }
 
@@ -2160,9 +2154,10 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
   TileConfig config{};
   config.palette = 1;
   for (int tile = 0; tile < 8; ++tile) {
-    // C and A: a row per tap row and one more; B: a row per pair of positions.
-    config.rows[tile] = static_cast<uint8_t>(tile < 4 || tile % 2 == 0 ? plan.KH + 1 : kAmxChunk / 2);
-    config.bytes_per_row[tile] = 64;
+    // C and A: a row per tap row and one more; B: a row per pair of
+    // positions. C and B: a column per tap along the row.
+    config.rows[tile] = static_cast<uint8_t>(tile < 6 ? plan.KH + 1 : kAmxChunk / 2);
+    config.bytes_per_row[tile] = tile == 4 || tile == 5 ? 64 : kAmxRowTaps * 4;
   }
   _tile_loadconfig(&config);
 
@@ -2179,20 +2174,20 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
   // summing into it, which cost 15% channels-last (a switch a plane).
   const auto load_sums = [&](int set, const float* tiles) {
     if (set == 0) {
-      _tile_loadd(0, tiles, 64);
-      _tile_loadd(1, tiles + 256, 64);
+      _tile_loadd(0, tiles, kAmxRowTaps * 4);
+      _tile_loadd(1, tiles + kAmxTileSums, kAmxRowTaps * 4);
     } else {
-      _tile_loadd(2, tiles, 64);
-      _tile_loadd(3, tiles + 256, 64);
+      _tile_loadd(2, tiles, kAmxRowTaps * 4);
+      _tile_loadd(3, tiles + kAmxTileSums, kAmxRowTaps * 4);
     }
   };
   const auto store_sums = [&](int set, float* tiles) {
     if (set == 0) {
-      _tile_stored(0, tiles, 64);
-      _tile_stored(1, tiles + 256, 64);
+      _tile_stored(0, tiles, kAmxRowTaps * 4);
+      _tile_stored(1, tiles + kAmxTileSums, kAmxRowTaps * 4);
     } else {
-      _tile_stored(2, tiles, 64);
-      _tile_stored(3, tiles + 256, 64);
+      _tile_stored(2, tiles, kAmxRowTaps * 4);
+      _tile_stored(3, tiles + kAmxTileSums, kAmxRowTaps * 4);
     }
   };
   // Visits of channels in order (each a run of its planes): `previous` and
@@ -2203,8 +2198,8 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
     for (int64_t i = 0; i < planes; ++i) {
       const auto [padded, dy, dy_row] = plane_at(i);
       const bool last = i + 1 == planes;
-      amx_plane(plan, padded, dy, dy_row, set, buffers, [&](int64_t p, int64_t products) {
-        if (!last || p != std::min<int64_t>(2, products - 1)) return;
+      amx_plane(plan, padded, dy, dy_row, set, buffers, [&](int64_t p, int64_t steps) {
+        if (!last || p != std::min<int64_t>(2, steps - 1)) return;
         if (previous >= 0) store_sums(1 - set, sums.data() + previous * kAmxSums);
         if (next >= 0) load_sums(1 - set, sums.data() + next * kAmxSums);
       });
@@ -2273,10 +2268,9 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
     const float* tiles = sums.data() + c * kAmxSums;
     for (int64_t kh = 0; kh < plan.KH; ++kh)
       for (int64_t kw = 0; kw < plan.KW; ++kw) {
-        float sum = 0;
-        for (int64_t tile = 0; tile < 2; ++tile)
-          sum += tiles[tile * 256 + kh * 16 + plan.KW - 1 - kw] +
-                 tiles[tile * 256 + (kh + 1) * 16 + kAmxRowTaps + plan.KW - 1 - kw];
+        // C_0 row kh, C_1 row kh + 1.
+        const float sum = tiles[kh * kAmxRowTaps + plan.KW - 1 - kw] +
+                          tiles[kAmxTileSums + (kh + 1) * kAmxRowTaps + plan.KW - 1 - kw];
         result[(c * plan.KH + kh) * plan.KW + kw] = sum;
         finite &= std::isfinite(sum);
       }
