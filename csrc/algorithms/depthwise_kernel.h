@@ -1956,8 +1956,10 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
 // P[t] = (row[t - KW + 1], row[t - KW + 2]) (zero outside the plane), B_b is
 // the 16 rows of 8 pairs at P + c0 + 2j: a tile load with a row stride of 8
 // bytes. Against building each B in registers (a permutation per B row, 16
-// columns for both output rows), which bound the products at about 4x the
-// tiles' own time: TODO.
+// columns for both output rows), which held the products at about 5x the
+// tiles' own time: ConvNeXt's 7x7 layer 1.1x as fast channels-first and
+// 1.03x channels-last, 7x7 on 14x14 maps 1.35x and 1.16x (AMX CPU, 2
+// threads); the planes' reading (copy, transposition) now bounds them.
 // ---------------------------------------------------------------------------
 
 #define TORCH_CONVGRAD_AMX_TARGET \
