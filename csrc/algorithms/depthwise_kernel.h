@@ -2088,6 +2088,18 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_pad_plane(const AmxPlan& plan, const u
     }
 }
 
+// A step's two products: A (kA) times B for output row o (tile 6) into C
+// tile kC, and for row o + 1 (tile 7) into kC + 1; b is row o's pairs.
+template <int kC, int kA>
+TORCH_CONVGRAD_AMX_TARGET inline void amx_step(const uint16_t* a, int64_t a_stride, const uint32_t* b,
+                                               int64_t pair_pitch) {
+  _tile_loadd(kA, a, a_stride);
+  _tile_loadd(6, b, 8);
+  _tile_loadd(7, b + pair_pitch, 8);
+  _tile_dpbf16ps(kC, kA, 6);
+  _tile_dpbf16ps(kC + 1, kA, 7);
+}
+
 // Adds one plane's products to the sums in C tiles 2 * set and 2 * set + 1;
 // `padded` is the input plane as amx_pad_plane writes it. Calls between(p,
 // steps) after step p (a pair of output rows and a chunk: two products).
@@ -2114,33 +2126,10 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint1
       // Tile numbers are immediates; alternate steps load A into tiles 4
       // and 5.
       switch (set * 2 + (p & 1)) {
-        case 0:
-          _tile_loadd(4, a, 2 * x_pitch);
-          _tile_loadd(6, b, 8);
-          _tile_loadd(7, b + pair_pitch, 8);
-          _tile_dpbf16ps(0, 4, 6);
-          _tile_dpbf16ps(1, 4, 7);
-          break;
-        case 1:
-          _tile_loadd(5, a, 2 * x_pitch);
-          _tile_loadd(6, b, 8);
-          _tile_loadd(7, b + pair_pitch, 8);
-          _tile_dpbf16ps(0, 5, 6);
-          _tile_dpbf16ps(1, 5, 7);
-          break;
-        case 2:
-          _tile_loadd(4, a, 2 * x_pitch);
-          _tile_loadd(6, b, 8);
-          _tile_loadd(7, b + pair_pitch, 8);
-          _tile_dpbf16ps(2, 4, 6);
-          _tile_dpbf16ps(3, 4, 7);
-          break;
-        default:
-          _tile_loadd(5, a, 2 * x_pitch);
-          _tile_loadd(6, b, 8);
-          _tile_loadd(7, b + pair_pitch, 8);
-          _tile_dpbf16ps(2, 5, 6);
-          _tile_dpbf16ps(3, 5, 7);
+        case 0: amx_step<0, 4>(a, 2 * x_pitch, b, pair_pitch); break;
+        case 1: amx_step<0, 5>(a, 2 * x_pitch, b, pair_pitch); break;
+        case 2: amx_step<2, 4>(a, 2 * x_pitch, b, pair_pitch); break;
+        default: amx_step<2, 5>(a, 2 * x_pitch, b, pair_pitch);
       }
       between(p, steps);
     }
