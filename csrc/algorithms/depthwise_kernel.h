@@ -2088,18 +2088,6 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_pad_plane(const AmxPlan& plan, const u
     }
 }
 
-// A step's two products: A (kA) times B for output row o (tile 6) into C
-// tile kC, and for row o + 1 (tile 7) into kC + 1; b is row o's pairs.
-template <int kC, int kA>
-TORCH_CONVGRAD_AMX_TARGET inline void amx_step(const uint16_t* a, int64_t a_stride, const uint32_t* b,
-                                               int64_t pair_pitch) {
-  _tile_loadd(kA, a, a_stride);
-  _tile_loadd(6, b, 8);
-  _tile_loadd(7, b + pair_pitch, 8);
-  _tile_dpbf16ps(kC, kA, 6);
-  _tile_dpbf16ps(kC + 1, kA, 7);
-}
-
 // Adds one plane's products to the sums in C tiles 2 * set and 2 * set + 1;
 // `padded` is the input plane as amx_pad_plane writes it. Calls between(p,
 // steps) after step p (a pair of output rows and a chunk: two products).
@@ -2123,14 +2111,23 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, const uint1
     for (int64_t chunk = 0; chunk < chunks; ++chunk, ++p) {
       const uint16_t* a = padded + o * x_pitch + chunk * kAmxChunk;
       const uint32_t* b = pairs + o * pair_pitch + chunk * kAmxChunk;
-      // Tile numbers are immediates; alternate steps load A into tiles 4
-      // and 5.
+      // A step's two products: A (tile a_tile) times B for output row o
+      // (tile 6) into C tile c0, and for row o + 1 (tile 7) into c1. Tile
+      // numbers are literal tokens (GCC's intrinsics paste them into the
+      // assembly), hence a macro; alternate steps load A into tiles 4 and 5.
+#define TORCH_CONVGRAD_AMX_STEP(c0, c1, a_tile) \
+  _tile_loadd(a_tile, a, 2 * x_pitch);          \
+  _tile_loadd(6, b, 8);                         \
+  _tile_loadd(7, b + pair_pitch, 8);            \
+  _tile_dpbf16ps(c0, a_tile, 6);                \
+  _tile_dpbf16ps(c1, a_tile, 7)
       switch (set * 2 + (p & 1)) {
-        case 0: amx_step<0, 4>(a, 2 * x_pitch, b, pair_pitch); break;
-        case 1: amx_step<0, 5>(a, 2 * x_pitch, b, pair_pitch); break;
-        case 2: amx_step<2, 4>(a, 2 * x_pitch, b, pair_pitch); break;
-        default: amx_step<2, 5>(a, 2 * x_pitch, b, pair_pitch);
+        case 0: TORCH_CONVGRAD_AMX_STEP(0, 1, 4); break;
+        case 1: TORCH_CONVGRAD_AMX_STEP(0, 1, 5); break;
+        case 2: TORCH_CONVGRAD_AMX_STEP(2, 3, 4); break;
+        default: TORCH_CONVGRAD_AMX_STEP(2, 3, 5);
       }
+#undef TORCH_CONVGRAD_AMX_STEP
       between(p, steps);
     }
   }
