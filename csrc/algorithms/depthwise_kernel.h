@@ -89,9 +89,9 @@ inline bool float_row_taps(int64_t taps_along_row) {
 #if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
 #define TORCH_CONVGRAD_DEPTHWISE_AMX 1
 // bf16 depthwise 2-D layers with stride 1, no dilation, at most 8 taps
-// along the row and 15 rows of taps, on AMX tiles (amx_depthwise.cpp checks). Writes the result as
-// channels_last and channels_first do. Only where the CPU has AMX-BF16 and
-// amx_tiles_granted().
+// along the row and 15 rows of taps, on AMX tiles (amx_depthwise.cpp
+// checks). Writes the result as channels_last and channels_first do. Only
+// where the CPU has AMX-BF16 and amx_tiles_granted().
 namespace AVX512 {
 void amx_bf16(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin, int64_t channel_end,
               void* result);
