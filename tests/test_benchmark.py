@@ -146,6 +146,28 @@ def test_module_main_dispatches_bench_and_keeps_the_check_as_default(capsys):
     assert "usage: python -m torch_convgrad [bench [options]]" in capsys.readouterr().err
 
 
+def test_each_block_starts_after_an_untimed_call(monkeypatch):
+    """The first call after the other side's block stalls here (as a machine returning from another
+    workload does): it is not timed. A slow function gets no extra call."""
+    monkeypatch.setattr(benchmark, "SLOW_CALL_SECONDS", 0.05)
+    state = {"stale": True, "slow_calls": 0}
+
+    def fast():
+        if state["stale"]:
+            time.sleep(0.02)
+            state["stale"] = False
+
+    def slow():
+        state["stale"] = True
+        state["slow_calls"] += 1
+        time.sleep(0.06)
+
+    times = benchmark.time_interleaved({"fast": fast, "slow": slow}, repeats=3, block_seconds=0.001,
+                                       device=torch.device("cpu"))
+    assert len(times["fast"]) == 3 and max(times["fast"]) < 0.01
+    assert state["slow_calls"] == 1 + 3  # the warm-up call, then one a block
+
+
 def test_slow_calls_are_timed_over_fewer_blocks(monkeypatch):
     monkeypatch.setattr(benchmark, "SLOW_CALL_SECONDS", 0.002)
     functions = {"fast": lambda: None, "slow": lambda: time.sleep(0.003)}

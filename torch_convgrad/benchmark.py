@@ -7,7 +7,8 @@ each data layout (NXC, NCX) and each dtype (f32, bf16, f16), the benchmark
 1. checks that ours equals the glue, the ATen code users write without this
    package (:func:`glue_weight_gradient`);
 2. times the two interleaved in one process: ``repeats`` times a block of glue
-   calls, then a block of ours, so that a noisy neighbour slows both alike (on
+   calls, then a block of ours (each after one untimed call, unless a call takes
+   seconds), so that a noisy neighbour slows both alike (on
    CUDA with events, each block queued behind a sleeping kernel so that the GPU's
    work is timed, not the host's launch rate; the per-call lines at the end time
    the host);
@@ -297,11 +298,16 @@ def time_interleaved(functions: dict, repeats: int, block_seconds: float, device
     to check it); a block holds enough calls to last ``block_seconds`` (on CUDA at most
     ``CUDA_BLOCK_CALLS``) so that timer resolution and per-call jitter stay small. Where
     one call of some function takes over ``SLOW_CALL_SECONDS``, at most ``SLOW_REPEATS``
-    repeats. ``gpu_paced``: see :func:`time_block`.
+    repeats. Each block of a function faster than that starts after one untimed call:
+    the first call after the other side's block pays for the machine's return from
+    it (on a 2-core VM, 2026-11-28: 20-35 ms more for a 7 ms call after the glue's
+    7-second f16 calls, or after 2 s of sleep; ``Tensor.sum`` of 16 MB 7-15 ms
+    instead of 0.4), which a block of few calls would spread over its average.
+    ``gpu_paced``: see :func:`time_block`.
     """
-    calls = {}
+    calls, warm_seconds = {}, {}
     for name, function in functions.items():
-        warm = time_block(function, 1, device, gpu_paced)
+        warm = warm_seconds[name] = time_block(function, 1, device, gpu_paced)
         calls[name] = max(1, math.ceil(block_seconds / max(warm, 1e-6)))
         if device.type == "cuda" and gpu_paced:
             calls[name] = min(calls[name], CUDA_BLOCK_CALLS)
@@ -310,6 +316,8 @@ def time_interleaved(functions: dict, repeats: int, block_seconds: float, device
     times = {name: [] for name in functions}
     for _ in range(repeats):
         for name, function in functions.items():
+            if warm_seconds[name] <= SLOW_CALL_SECONDS:
+                function()
             times[name].append(time_block(function, calls[name], device, gpu_paced))
     return times
 
