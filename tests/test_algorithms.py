@@ -1024,6 +1024,32 @@ def test_amx_depthwise_spreads_non_finite_gradients_as_the_reference(value, data
     assert_non_finite_where_expected(result, expected)
 
 
+# Channels-last slices whose planes pass about 1 MB are transposed a band of
+# 16 output rows at a time (fewer where those pass it), each band's input rows
+# below the next band's first carried over. One sample of 33 channels on two
+# threads splits into a task of 32 channels and one of a single channel, whose
+# sums stay in one set of tiles across its visits.
+AMX_DEPTHWISE_BAND_CASES = {
+    # name: (n, c, size, kernel, attributes)
+    "odd-last-band": (1, 33, (95, 90), (7, 7), dict(pads_begin=3, pads_end=3)),  # 5 bands of 16, then 15
+    "bottom-padding": (1, 33, (90, 93), (5, 7), dict(pads_begin=(0, 4), pads_end=(4, 1))),
+    "single-channel-bands": (1, 33, (512, 520), (3, 3), dict(pads_begin=1, pads_end=1)),  # 32 channels: bands of 12
+}
+
+
+@pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
+@pytest.mark.parametrize("case", list(AMX_DEPTHWISE_BAND_CASES))
+def test_amx_depthwise_transposes_large_planes_in_bands(case):
+    n, c, size, kernel, attributes = AMX_DEPTHWISE_BAND_CASES[case]
+    x = rand(data_shape(n, c, size, "NXC"), torch.bfloat16, seed=47)
+    dy = rand(data_shape(n, c, output_size(size, kernel, attributes), "NXC"), torch.bfloat16, seed=48)
+    attributes = dict(attributes, groups=c, data_format="NXC", filter_format="OIX")
+    with setting(torch.get_num_threads, torch.set_num_threads, 2):
+        result, ran = run("amx_depthwise", x, dy, [c, 1, *kernel], attributes)
+    assert ran == "amx_depthwise"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [c, 1, *kernel], **attributes), torch.bfloat16)
+
+
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 def test_amx_depthwise_leaves_what_it_cannot_take():
     """Strides, dilation (between rows or along them: B's pairs of taps along the row are then not
