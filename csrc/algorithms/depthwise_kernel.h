@@ -2278,8 +2278,10 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
             }
             for (; row < rows_end; ++row) {
               const int64_t h = row - plan.pad_h;
-              if (h < 0 || h >= plan.H) {  // padding, where an earlier band may have left rows
-                for (int64_t c = 0; c < channels; ++c) std::fill_n(x_row(slice, c, row), plan.x_pitch, 0);
+              if (h < 0 || h >= plan.H) {
+                // Padding: zero from the start, unless an earlier band left rows there.
+                if (band < plan.OH)
+                  for (int64_t c = 0; c < channels; ++c) std::fill_n(x_row(slice, c, row), plan.x_pitch, 0);
                 continue;
               }
               for (int64_t c0 = 0; c0 < channels; c0 += 32)
