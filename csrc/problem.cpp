@@ -2,15 +2,17 @@
 // This is the only place that interprets an attribute.
 #include "problem.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
-#include <c10/util/strides.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdint>
 #include <limits>
 #include <numeric>
+#include <utility>
 #include <string>
 
 namespace torch_convgrad {
@@ -275,11 +277,131 @@ at::Tensor Problem::result_from_canonical(const at::Tensor& canonical) const {
   return canonical.permute(canonical_to_result);
 }
 
-at::Tensor Problem::finish(const at::Tensor& canonical) const {
-  at::Tensor result = result_from_canonical(canonical.to(input.scalar_type()));
-  if (result.strides() != c10::IntArrayRef(c10::contiguous_strides(result.sizes())))
-    result = at::empty(result.sizes(), result.options()).copy_(result);
-  return result;
+namespace {
+
+// finish_sum's tiles: kSumTile elements along the partials' contiguous axis
+// times kSumTile along the result's last, so that reads and writes both run
+// along cache lines where the two orders differ.
+constexpr int64_t kSumTile = 16;
+
+// The result's axes longer than 1 as (sizes, the partials' strides), adjacent
+// ones merged where the partials hold them in the same order; one axis for a
+// single element.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> merged_axes(const at::Tensor& source) {
+  std::vector<int64_t> sizes, strides;
+  for (int64_t dim = 1; dim < source.dim(); ++dim) {
+    if (source.size(dim) == 1) continue;
+    if (!sizes.empty() && strides.back() == source.size(dim) * source.stride(dim)) {
+      sizes.back() *= source.size(dim);
+      strides.back() = source.stride(dim);
+    } else {
+      sizes.push_back(source.size(dim));
+      strides.push_back(source.stride(dim));
+    }
+  }
+  if (sizes.empty()) sizes.push_back(1), strides.push_back(1);
+  return {sizes, strides};
+}
+
+// out[i] = Out(sum_p source[p][offset(i)]) over the result's axes (`sizes`,
+// with the partials' `strides`, one of them 1), `out` contiguous over them.
+template <typename Acc, typename Out>
+void sum_partials(const at::Tensor& source, const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides,
+                  Out* out) {
+  const auto* partials = source.const_data_ptr<Acc>();
+  const int64_t parts = source.size(0), part_stride = source.stride(0);
+  const auto rank = static_cast<int64_t>(sizes.size());
+  const int64_t last = rank - 1;
+  std::vector<int64_t> out_strides(rank);
+  for (int64_t axis = last, stride = 1; axis >= 0; stride *= sizes[axis], --axis) out_strides[axis] = stride;
+  const auto fast = static_cast<int64_t>(std::find(strides.begin(), strides.end(), 1) - strides.begin());
+  // Sums `count` contiguous elements from `first` into `sums`, part by part.
+  const auto sum_run = [&](const Acc* first, int64_t count, Acc* sums) {
+    for (int64_t i = 0; i < count; ++i) sums[i] = first[i];
+    for (int64_t part = 1; part < parts; ++part)
+      for (int64_t i = 0; i < count; ++i) sums[i] += first[part * part_stride + i];
+  };
+  // A unit of work: one index of every axis but the last and `fast`, and a
+  // tile of `fast` over the whole last axis; or where the two are one, a
+  // run of it.
+  const int64_t tile = fast == last ? kSumTile * kSumTile : kSumTile;
+  const int64_t tiles = (sizes[fast] + tile - 1) / tile;
+  int64_t units = tiles;
+  for (int64_t axis = 0; axis < last; ++axis)
+    if (axis != fast) units *= sizes[axis];
+  const int64_t unit_elements = fast == last ? tile : tile * sizes[last];
+  at::parallel_for(0, units, std::max<int64_t>(1, 32768 / unit_elements), [&](int64_t begin, int64_t end) {
+    Acc block[kSumTile * kSumTile];  // a tile's sums, [j][f]; or a run's
+    for (int64_t unit = begin; unit < end; ++unit) {
+      int64_t rest = unit / tiles, from = 0, to = 0;
+      for (int64_t axis = last - 1; axis >= 0; --axis) {
+        if (axis == fast) continue;
+        const int64_t index = rest % sizes[axis];
+        rest /= sizes[axis];
+        from += index * strides[axis];
+        to += index * out_strides[axis];
+      }
+      const int64_t first = unit % tiles * tile, count = std::min(tile, sizes[fast] - first);
+      from += first;
+      to += first * out_strides[fast];
+      if (fast == last) {  // the same order
+        sum_run(partials + from, count, block);
+        for (int64_t j = 0; j < count; ++j) out[to + j] = static_cast<Out>(block[j]);
+        continue;
+      }
+      for (int64_t j0 = 0; j0 < sizes[last]; j0 += kSumTile) {
+        const int64_t columns = std::min(kSumTile, sizes[last] - j0);
+        for (int64_t j = 0; j < columns; ++j)
+          sum_run(partials + from + (j0 + j) * strides[last], count, block + j * kSumTile);
+        for (int64_t f = 0; f < count; ++f) {
+          Out* target = out + to + f * out_strides[fast] + j0;
+          for (int64_t j = 0; j < columns; ++j) target[j] = static_cast<Out>(block[j * kSumTile + f]);
+        }
+      }
+    }
+  });
+}
+
+// Sums `source` (P, the result's axes) over P into `result` on CPU: false
+// where the dtypes are not float or double sums (or one part copied), or no
+// axis of the partials is contiguous.
+bool sum_on_cpu(const at::Tensor& source, const at::Tensor& result) {
+  const auto [sizes, strides] = merged_axes(source);
+  if (std::find(strides.begin(), strides.end(), 1) == strides.end()) return false;
+  const at::ScalarType from = source.scalar_type(), to = result.scalar_type();
+  const bool one_part = source.size(0) == 1;
+  if (from == at::kDouble && to == at::kDouble)
+    sum_partials<double>(source, sizes, strides, result.mutable_data_ptr<double>());
+  else if (from == at::kFloat && to == at::kFloat)
+    sum_partials<float>(source, sizes, strides, result.mutable_data_ptr<float>());
+  else if (from == at::kFloat && to == at::kBFloat16)
+    sum_partials<float>(source, sizes, strides, result.mutable_data_ptr<at::BFloat16>());
+  else if (from == at::kFloat && to == at::kHalf)
+    sum_partials<float>(source, sizes, strides, result.mutable_data_ptr<at::Half>());
+  else if (one_part && from == at::kBFloat16 && to == at::kBFloat16)
+    sum_partials<at::BFloat16>(source, sizes, strides, result.mutable_data_ptr<at::BFloat16>());
+  else if (one_part && from == at::kHalf && to == at::kHalf)
+    sum_partials<at::Half>(source, sizes, strides, result.mutable_data_ptr<at::Half>());
+  else
+    return false;
+  return true;
+}
+
+}  // namespace
+
+at::Tensor Problem::finish_sum(const at::Tensor& partials) const {
+  std::vector<int64_t> order{0};
+  for (const int64_t axis : canonical_to_result) order.push_back(axis + 1);
+  const at::Tensor source = partials.permute(order);  // (P, the result's axes)
+  at::Tensor result = at::empty(source.sizes().slice(1), input.options());
+  if (result.numel() == 0) return result;
+  if (source.size(0) == 1 && source.scalar_type() == result.scalar_type()) {
+    at::Tensor whole = source[0];  // already the result where its strides are the result's
+    if (whole.strides() == result.strides()) return whole;
+  }
+  if (source.size(0) == 0) return result.zero_();
+  if (source.is_cpu() && sum_on_cpu(source, result)) return result;
+  return result.copy_(source.size(0) == 1 ? source[0] : source.sum(0));  // other devices: ATen's ops
 }
 
 std::vector<c10::SymInt> Problem::window_reach() const {

@@ -79,7 +79,12 @@ struct Problem {
   // The canonical (A, B, K...) weight gradient, in any dtype and layout, as
   // the op's result: a new contiguous tensor in the requested format and the
   // input's dtype.
-  at::Tensor finish(const at::Tensor& canonical) const;
+  at::Tensor finish(const at::Tensor& canonical) const { return finish_sum(canonical.unsqueeze(0)); }
+  // The same from P partial sums (P, A, B, K...) with any strides, added in
+  // order (deterministic for a given P). On CPU one pass sums, converts and
+  // lays them out, where ATen's sum, conversion and permuted copy take one
+  // each, at a few GB/s.
+  at::Tensor finish_sum(const at::Tensor& partials) const;
   // Per spatial axis, the windows cover padded positions [0, reach) with
   // reach = (Y - 1) * s + eff_k; input elements past reach - pad_begin are unused.
   std::vector<c10::SymInt> window_reach() const;

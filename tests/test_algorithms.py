@@ -535,6 +535,36 @@ def test_every_algorithm_is_deterministic(algorithm, dtype):
             assert torch.equal(torch_convgrad.conv_backprop_filters(*problem[:3], **problem[3]), first)
 
 
+# Algorithms that keep partial sums (a thread's, a group of samples') add
+# them, convert them and lay them out in the requested format in one pass
+# (Problem::finish_sum), in tiles of 16 channels: channel counts that leave
+# part tiles, both formats, the partials of two threads.
+@pytest.mark.parametrize("filter_format", ["OIX", "XIO"])
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("algorithm,dtype", [
+    ("gemm", torch.float32), ("gemm", torch.float64), ("gemm", torch.bfloat16), ("direct", torch.float32),
+    ("depthwise", torch.float32), ("depthwise", torch.float64), ("depthwise", torch.float16),
+    ("amx", torch.bfloat16), ("amx", torch.float16), ("amx_planes", torch.bfloat16), ("amx_depthwise", torch.bfloat16),
+    ("aten", torch.bfloat16)], ids=str)
+def test_partial_sums_are_added_into_every_format(algorithm, dtype, data_format, filter_format):
+    if algorithm.startswith("amx") and not AMX:
+        pytest.skip(f"{algorithm} runs on AMX CPUs")
+    if algorithm == "amx" and data_format == "NXC":  # amx's rows, each window's 2 taps along W side by side
+        x, dy = rand(data_shape(3, 20, (8, 6), "NXC"), dtype, seed=5), rand(data_shape(3, 35, (4, 3), "NXC"), dtype, seed=6)
+        shape, attributes = [35, 20, 2, 2], dict(strides=2, data_format="NXC", filter_format="OIX")
+    else:
+        sizes = dict(c=37) if algorithm.endswith("depthwise") else dict(n=3, c=20, o=35)
+        x, dy, shape, attributes = problem_for(algorithm, data_format, dtype, **sizes)
+    o, c, *kernel = shape
+    shape = shape if filter_format == "OIX" else kernel + [c, o]
+    attributes = dict(attributes, filter_format=filter_format)
+    with setting(torch.get_num_threads, torch.set_num_threads, 2):
+        out, ran = run(algorithm, x, dy, shape, attributes)
+    assert ran == algorithm
+    assert out.shape == tuple(shape) and out.is_contiguous() and out.dtype == dtype
+    assert_matches_ref(out, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
+
+
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_the_selector_avoids_slow_paths(data_format):
     """Choices measured on the calibrated CPUs: the dedicated kernel for small depthwise problems

@@ -77,8 +77,10 @@ bool spatial_flattens(const int64_t (&sizes)[3], const int64_t (&strides)[5], in
 // NCX data lifted to three spatial axes: (N, C, S0, S1, S2), a view.
 at::Tensor lift(const at::Tensor& ncx);
 
-// Per-tap products (groups, K0 * K1 * K2, C/g, O/g), any dtype, as the
-// canonical (O, C/g, K...) weight gradient at the problem's rank.
+// Per-tap products (P, groups, K0, K1, K2, C/g, O/g) in row-major order
+// (a leading axis of P partial sums, then any shape that reshapes so), any
+// dtype, as P canonical (O, C/g, K...) weight gradients at the problem's rank
+// (Problem::finish_sum): a view where the strides allow (one group).
 at::Tensor canonical_from_taps(const at::Tensor& taps, const Geometry& g, int64_t spatial_rank);
 
 // Whether this CPU runs the hand-written kernels' AVX2 builds (AVX-512 CPUs

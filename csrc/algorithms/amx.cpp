@@ -484,17 +484,12 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
   });
   // An infinity or NaN splits into a NaN low part (SplitOperands).
   if (non_finite) return kAtenAlgorithm.run(problem);
-  // Partial sums added in thread order: deterministic for a thread count.
-  const at::Tensor products = units.split_columns ? partials[0] : partials.sum(0);  // (outer taps, m, n)
-  // As (taps, C, O), which canonical_from_taps lays out as (O, C, K).
-  at::Tensor taps;
-  if (rows.a_is_grad_output)  // (outer taps, O, folded taps, C)
-    taps = products.view({rows.outer_taps, g.out_channels, rows.folded_taps, g.in_channels})
-               .permute({0, 2, 3, 1})
-               .reshape({g.taps(), g.in_channels, g.out_channels});
-  else
-    taps = products;
-  return problem.finish(canonical_from_taps(taps.unsqueeze(0), g, problem.spatial_rank()));
+  // Per part (a thread's, or the one of split columns): products (outer taps, m, n).
+  at::Tensor taps = partials;  // (parts, 1 tap, C, O) where A is the input
+  if (rows.a_is_grad_output)   // (parts, K0, K1, O, K2, C) -> (parts, K0, K1, K2, C, O)
+    taps = partials.view({partials.size(0), g.kernel[0], g.kernel[1], g.out_channels, g.kernel[2], g.in_channels})
+               .permute({0, 1, 2, 4, 5, 3});
+  return problem.finish_sum(canonical_from_taps(taps, g, problem.spatial_rank()));
 }
 
 at::Tensor run(const Problem& problem) {
@@ -571,10 +566,9 @@ at::Tensor run(const Problem& problem) {
   });
   // An infinity or NaN splits into a NaN low part (SplitOperands).
   if (non_finite) return kAtenAlgorithm.run(problem);
-  // Partial sums added in thread order: deterministic for a thread count.
-  at::Tensor products = partials.sum(0);  // (taps, M, N)
-  if (roles.a_is_grad_output) products = products.transpose(1, 2);
-  return problem.finish(canonical_from_taps(products.unsqueeze(0).contiguous(), g, problem.spatial_rank()));
+  // (threads, taps, C, O)
+  const at::Tensor products = roles.a_is_grad_output ? partials.transpose(2, 3) : partials;
+  return problem.finish_sum(canonical_from_taps(products, g, problem.spatial_rank()));
 }
 #else
 at::Tensor run(const Problem&) {

@@ -257,9 +257,7 @@ at::Tensor run(const Problem& problem) {
     at::native::cpublas::brgemm_release();
   });
   if (non_finite) return kAtenAlgorithm.run(problem);
-  // Partial sums added in thread order: deterministic for a thread count.
-  const at::Tensor products = partials.sum(0);  // (taps, C, O)
-  return problem.finish(canonical_from_taps(products.unsqueeze(0).contiguous(), g, problem.spatial_rank()));
+  return problem.finish_sum(canonical_from_taps(partials, g, problem.spatial_rank()));  // (threads, taps, C, O)
 }
 #else
 at::Tensor run(const Problem&) {

@@ -177,9 +177,9 @@ at::Tensor run_depthwise_tasks(const Problem& problem, const Geometry& geometry,
   const auto acc_options = problem.input.options().dtype(acc_dtype);
 
   const bool no_windows = geometry.out[0] == 0 || geometry.out[1] == 0 || geometry.out[2] == 0;
-  at::Tensor sums;
+  at::Tensor partials;  // (sample groups, channels, weights)
   if (samples == 0 || channels == 0 || no_windows) {
-    sums = at::zeros({channels, weights}, acc_options);
+    partials = at::zeros({1, channels, weights}, acc_options);
   } else {
     // Samples are split into one group per thread, each summing into its own
     // partial result, which are then added in a fixed order: deterministic for
@@ -193,7 +193,7 @@ at::Tensor run_depthwise_tasks(const Problem& problem, const Geometry& geometry,
 
     // at::parallel_for is inline: it runs in parallel only where this file is
     // compiled with -fopenmp (torch's ATen uses OpenMP), else serially.
-    const at::Tensor partials = at::empty({sample_groups, channels, weights}, acc_options);
+    partials = at::empty({sample_groups, channels, weights}, acc_options);
     auto* partials_data = static_cast<char*>(partials.mutable_data_ptr());
     const int64_t acc_size = partials.element_size();
     at::parallel_for(0, sample_groups * channel_blocks, 1, [&](int64_t task_begin, int64_t task_end) {
@@ -205,14 +205,11 @@ at::Tensor run_depthwise_tasks(const Problem& problem, const Geometry& geometry,
                   channel_end, partials_data + ((group * channels + channel_begin) * weights) * acc_size);
       }
     });
-    sums = sample_groups == 1 ? partials[0] : partials[0].add(partials[1]);
-    for (int64_t group = 2; group < sample_groups; ++group) sums.add_(partials[group]);
   }
 
-  auto canonical_shape = problem.canonical_shape();
-  std::vector<int64_t> shape;
-  for (const auto& size : canonical_shape) shape.push_back(size.expect_int());
-  return problem.finish(sums.view(shape));
+  std::vector<int64_t> shape{partials.size(0)};  // (sample groups, O, C/g, K...)
+  for (const auto& size : problem.canonical_shape()) shape.push_back(size.expect_int());
+  return problem.finish_sum(partials.view(shape));
 }
 
 namespace {

@@ -113,7 +113,7 @@ at::Tensor run(const Problem& problem) {
       accumulate(g, static_cast<const float*>(input), static_cast<const float*>(grad_output),
                  acc.mutable_data_ptr<float>());
   }
-  return problem.finish(canonical_from_taps(acc, g, problem.spatial_rank()));
+  return problem.finish_sum(canonical_from_taps(acc.unsqueeze(0), g, problem.spatial_rank()));
 }
 
 }  // namespace

@@ -643,8 +643,7 @@ at::Tensor run(const Problem& problem) {
         }
       }
     });
-    const at::Tensor taps = at::sum(partials, 0);
-    return problem.finish(canonical_from_taps(taps, g, problem.spatial_rank()));
+    return problem.finish_sum(canonical_from_taps(partials, g, problem.spatial_rank()));
   }
 
   if (in_place) {  // a sample a product: channels-first samples do not flatten together
@@ -653,7 +652,7 @@ at::Tensor run(const Problem& problem) {
     const at::Tensor taps = empty_tap_sums(g, /*transposed=*/false, sums_options);
     for (int64_t n = 0; n < g.batch; ++n)
       fused_products(input, grad_output, n, rows, g, taps, /*accumulate=*/n != 0);
-    return problem.finish(canonical_from_taps(taps, g, problem.spatial_rank()));
+    return problem.finish_sum(canonical_from_taps(taps.unsqueeze(0), g, problem.spatial_rank()));
   }
 
   // (planes, N, rows, C) and (N, rows, O)
@@ -712,8 +711,8 @@ at::Tensor run(const Problem& problem) {
                     /*accumulate=*/first != 0);
     }
   }
-  if (swaps) taps.copy_(swapped.transpose(1, 2).unsqueeze(1));
-  return problem.finish(canonical_from_taps(taps, g, problem.spatial_rank()));
+  const at::Tensor sums = swaps ? swapped.transpose(1, 2).unsqueeze(1) : taps;  // (groups, taps, C/g, O/g)
+  return problem.finish_sum(canonical_from_taps(sums.unsqueeze(0), g, problem.spatial_rank()));
 }
 
 // Every device, dtype and attribute.

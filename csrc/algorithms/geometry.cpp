@@ -59,11 +59,13 @@ at::Tensor lift(const at::Tensor& ncx) {
 }
 
 at::Tensor canonical_from_taps(const at::Tensor& taps, const Geometry& g, int64_t spatial_rank) {
+  const int64_t parts = taps.size(0);
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
-  at::Tensor canonical = taps.view({g.groups, g.kernel[0], g.kernel[1], g.kernel[2], in_per_group, out_per_group})
-                             .permute({0, 5, 4, 1, 2, 3})
-                             .reshape({g.out_channels, in_per_group, g.kernel[0], g.kernel[1], g.kernel[2]});
-  for (int64_t lifted = 0; lifted < 3 - spatial_rank; ++lifted) canonical = canonical.squeeze(2);
+  at::Tensor canonical =
+      taps.reshape({parts, g.groups, g.kernel[0], g.kernel[1], g.kernel[2], in_per_group, out_per_group})
+          .permute({0, 1, 6, 5, 2, 3, 4})
+          .reshape({parts, g.out_channels, in_per_group, g.kernel[0], g.kernel[1], g.kernel[2]});
+  for (int64_t lifted = 0; lifted < 3 - spatial_rank; ++lifted) canonical = canonical.squeeze(3);
   return canonical;
 }
 
