@@ -565,6 +565,19 @@ def test_partial_sums_are_added_into_every_format(algorithm, dtype, data_format,
     assert_matches_ref(out, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
+@pytest.mark.skipif(not AMX, reason="amx runs on AMX CPUs")
+def test_partial_sums_of_threads_left_without_work():
+    """One sample of a 1x1 layer is one unit of amx's work: of two threads' partial sums, one is never
+    taken, and must add nothing."""
+    x, dy = rand((1, 24, 5, 6), torch.bfloat16, seed=9), rand((1, 40, 5, 6), torch.bfloat16, seed=10)
+    attributes = dict(data_format="NCX", filter_format="OIX")
+    with setting(torch.get_num_threads, torch.set_num_threads, 2):
+        for _ in range(3):  # a part's memory may hold an earlier call's sums
+            out, ran = run("amx", x, dy, [40, 24, 1, 1], attributes)
+            assert ran == "amx"
+            assert_matches_ref(out, REF.conv_backprop_filters(x, dy, [40, 24, 1, 1], **attributes), torch.bfloat16)
+
+
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 def test_the_selector_avoids_slow_paths(data_format):
     """Choices measured on the calibrated CPUs: the dedicated kernel for small depthwise problems

@@ -29,7 +29,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <atomic>
@@ -412,8 +411,7 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
   const RowUnits units(rows, threads, half);
   // Split columns: each block is one task over every panel, into the one
   // result. Split panels: each thread sums into its own partial result.
-  const at::Tensor partials = at::zeros({units.split_columns ? 1 : threads, rows.outer_taps, m, n},
-                                        problem.input.options().dtype(at::kFloat));
+  ThreadPartials partials({rows.outer_taps, m, n}, problem.input.options(), /*shared=*/units.split_columns);
   // B's row where a window lies in the padding.
   const std::vector<BFloat16> zeros(units.block_columns, BFloat16(0.0f));
   // A channels-first input's sample as channels-last rows.
@@ -423,7 +421,7 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
   const SplitOperands split{&non_finite};
   const int64_t parts = half ? 3 : 1;  // K's copies (SplitOperands)
   at::parallel_for(0, tasks, 1, [&](int64_t task_begin, int64_t task_end) {
-    float* c = partials[units.split_columns ? 0 : at::get_thread_num()].mutable_data_ptr<float>();
+    float* c = partials.take();
     const at::TensorOptions options = problem.input.options();
     const at::Tensor staged_a = scratch_tensor(ScratchSlot::StagedOperand, {m, parts * units.panel}, options);
     const at::Tensor panel =
@@ -485,9 +483,9 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
   // An infinity or NaN splits into a NaN low part (SplitOperands).
   if (non_finite) return kAtenAlgorithm.run(problem);
   // Per part (a thread's, or the one of split columns): products (outer taps, m, n).
-  at::Tensor taps = partials;  // (parts, 1 tap, C, O) where A is the input
-  if (rows.a_is_grad_output)   // (parts, K0, K1, O, K2, C) -> (parts, K0, K1, K2, C, O)
-    taps = partials.view({partials.size(0), g.kernel[0], g.kernel[1], g.out_channels, g.kernel[2], g.in_channels})
+  at::Tensor taps = partials.sums();  // (parts, 1 tap, C, O) where A is the input
+  if (rows.a_is_grad_output)          // (parts, K0, K1, O, K2, C) -> (parts, K0, K1, K2, C, O)
+    taps = taps.view({taps.size(0), g.kernel[0], g.kernel[1], g.out_channels, g.kernel[2], g.in_channels})
                .permute({0, 1, 2, 4, 5, 3});
   return problem.finish_sum(canonical_from_taps(taps, g, problem.spatial_rank()));
 }
@@ -511,11 +509,10 @@ at::Tensor run(const Problem& problem) {
   const int64_t panel_columns = panel_positions(kPanelColumns, half);
   std::atomic<bool> non_finite{false};
   const SplitOperands split{&non_finite};
-  const int64_t threads = at::get_num_threads();
-  const at::Tensor partials = at::zeros({threads, taps, m, n_columns}, problem.input.options().dtype(at::kFloat));
+  ThreadPartials partials({taps, m, n_columns}, problem.input.options());
   const auto* a_data = static_cast<const BFloat16*>(a_operand.const_data_ptr());
   at::parallel_for(0, g.batch * taps, 1, [&](int64_t unit_begin, int64_t unit_end) {
-    float* thread_c = partials[at::get_thread_num()].mutable_data_ptr<float>();
+    float* thread_c = partials.take();
     const at::TensorOptions options = problem.input.options();
     at::Tensor staged;
     if (staging)
@@ -567,7 +564,7 @@ at::Tensor run(const Problem& problem) {
   // An infinity or NaN splits into a NaN low part (SplitOperands).
   if (non_finite) return kAtenAlgorithm.run(problem);
   // (threads, taps, C, O)
-  const at::Tensor products = roles.a_is_grad_output ? partials.transpose(2, 3) : partials;
+  const at::Tensor products = roles.a_is_grad_output ? partials.sums().transpose(2, 3) : partials.sums();
   return problem.finish_sum(canonical_from_taps(products, g, problem.spatial_rank()));
 }
 #else

@@ -29,7 +29,6 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/native/CPUBlas.h>
-#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <atomic>
@@ -189,10 +188,10 @@ at::Tensor run(const Problem& problem) {
   const bool half = problem.input.scalar_type() == at::kHalf;
   const int64_t parts = half ? 2 : 1;
 
-  const at::Tensor partials = at::zeros({threads, taps, m, n_columns}, options.dtype(at::kFloat));
+  ThreadPartials partials({taps, m, n_columns}, options);
   std::atomic<bool> non_finite{false};
   at::parallel_for(0, g.batch * tap_groups, 1, [&](int64_t unit_begin, int64_t unit_end) {
-    float* thread_c = partials[at::get_thread_num()].mutable_data_ptr<float>();
+    float* thread_c = partials.take();
     const at::Tensor plane_data = scratch_tensor(ScratchSlot::PackedInput, {parts, m, lda}, options);
     auto* a_data = static_cast<Element*>(plane_data.data_ptr());
     Element* const a_low = half ? a_data + m * lda : nullptr;
@@ -257,7 +256,7 @@ at::Tensor run(const Problem& problem) {
     at::native::cpublas::brgemm_release();
   });
   if (non_finite) return kAtenAlgorithm.run(problem);
-  return problem.finish_sum(canonical_from_taps(partials, g, problem.spatial_rank()));  // (threads, taps, C, O)
+  return problem.finish_sum(canonical_from_taps(partials.sums(), g, problem.spatial_rank()));  // (threads, taps, C, O)
 }
 #else
 at::Tensor run(const Problem&) {

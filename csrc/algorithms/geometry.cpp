@@ -4,8 +4,12 @@
 #include <cpuid.h>
 #endif
 
+#include <ATen/Parallel.h>
 #include <ATen/Version.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <string>
 
 namespace torch_convgrad {
@@ -67,6 +71,30 @@ at::Tensor canonical_from_taps(const at::Tensor& taps, const Geometry& g, int64_
           .reshape({parts, g.out_channels, in_per_group, g.kernel[0], g.kernel[1], g.kernel[2]});
   for (int64_t lifted = 0; lifted < 3 - spatial_rank; ++lifted) canonical = canonical.squeeze(3);
   return canonical;
+}
+
+ThreadPartials::ThreadPartials(at::IntArrayRef sizes, const at::TensorOptions& options, bool shared)
+    : taken_(shared ? 0 : at::get_num_threads(), 0) {
+  std::vector<int64_t> shape{shared ? 1 : static_cast<int64_t>(taken_.size())};
+  shape.insert(shape.end(), sizes.begin(), sizes.end());
+  partials_ = shared ? at::zeros(shape, options.dtype(at::kFloat)) : at::empty(shape, options.dtype(at::kFloat));
+  part_elements_ = partials_.numel() / shape[0];
+}
+
+float* ThreadPartials::take() {
+  float* data = partials_.mutable_data_ptr<float>();
+  if (taken_.empty()) return data;
+  const int thread = at::get_thread_num();
+  float* part = data + thread * part_elements_;
+  if (!taken_[thread]) std::fill_n(part, part_elements_, 0.0f);
+  taken_[thread] = 1;
+  return part;
+}
+
+const at::Tensor& ThreadPartials::sums() {
+  for (size_t thread = 0; thread < taken_.size(); ++thread)
+    if (!taken_[thread]) partials_[static_cast<int64_t>(thread)].zero_();
+  return partials_;
 }
 
 double Geometry::macs() const {
