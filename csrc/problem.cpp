@@ -283,6 +283,9 @@ namespace {
 // times kSumTile along the result's last, so that reads and writes both run
 // along cache lines where the two orders differ.
 constexpr int64_t kSumTile = 16;
+// The fewest elements a thread's task takes: smaller results stay on one
+// thread.
+constexpr int64_t kSumTaskElements = 32768;
 
 // The result's axes longer than 1 as (sizes, the partials' strides), adjacent
 // ones merged where the partials hold them in the same order; one axis for a
@@ -330,7 +333,7 @@ void sum_partials(const at::Tensor& source, const std::vector<int64_t>& sizes, c
   for (int64_t axis = 0; axis < last; ++axis)
     if (axis != fast) units *= sizes[axis];
   const int64_t unit_elements = fast == last ? tile : tile * sizes[last];
-  at::parallel_for(0, units, std::max<int64_t>(1, 32768 / unit_elements), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, units, std::max<int64_t>(1, kSumTaskElements / unit_elements), [&](int64_t begin, int64_t end) {
     Acc block[kSumTile * kSumTile];  // a tile's sums, [j][f]; or a run's
     for (int64_t unit = begin; unit < end; ++unit) {
       int64_t rest = unit / tiles, from = 0, to = 0;

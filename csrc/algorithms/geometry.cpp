@@ -85,6 +85,7 @@ float* ThreadPartials::take() {
   float* data = partials_.mutable_data_ptr<float>();
   if (taken_.empty()) return data;
   const int thread = at::get_thread_num();
+  TORCH_INTERNAL_ASSERT(thread >= 0 && static_cast<size_t>(thread) < taken_.size());
   float* part = data + thread * part_elements_;
   if (!taken_[thread]) std::fill_n(part, part_elements_, 0.0f);
   taken_[thread] = 1;
