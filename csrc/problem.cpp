@@ -6,6 +6,7 @@
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
+#include <c10/util/strides.h>
 
 #include <algorithm>
 #include <cctype>
@@ -396,12 +397,13 @@ at::Tensor Problem::finish_sum(const at::Tensor& partials) const {
   std::vector<int64_t> order{0};
   for (const int64_t axis : canonical_to_result) order.push_back(axis + 1);
   const at::Tensor source = partials.permute(order);  // (P, the result's axes)
-  at::Tensor result = at::empty(source.sizes().slice(1), input.options());
-  if (result.numel() == 0) return result;
-  if (source.size(0) == 1 && source.scalar_type() == result.scalar_type()) {
-    at::Tensor whole = source[0];  // already the result where its strides are the result's
-    if (whole.strides() == result.strides()) return whole;
+  const c10::IntArrayRef sizes = source.sizes().slice(1);
+  if (source.size(0) == 1 && source.scalar_type() == input.scalar_type()) {
+    at::Tensor whole = source[0];  // already the result where its strides are contiguous
+    if (whole.strides() == c10::IntArrayRef(c10::contiguous_strides(sizes))) return whole;
   }
+  at::Tensor result = at::empty(sizes, input.options());
+  if (result.numel() == 0) return result;
   if (source.size(0) == 0) return result.zero_();
   if (source.is_cpu() && sum_on_cpu(source, result)) return result;
   return result.copy_(source.size(0) == 1 ? source[0] : source.sum(0));  // other devices: ATen's ops

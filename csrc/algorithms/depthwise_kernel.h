@@ -116,8 +116,8 @@ bool amx_tiles_granted();
 #include <c10/util/Half.h>
 
 #include <algorithm>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <tuple>
 #include <type_traits>
 #include <vector>
