@@ -986,7 +986,12 @@ def test_amx_gathers_an_output_gradient_it_cannot_read_in_place(layout):
 # row), asymmetric, one-sided and more-than-the-kernel padding, 1-D, and 3-D
 # with a one-deep kernel (planes of depth). Channels-last data is transposed
 # 32 channels and 16 pixels at a time: 40 channels leave a partial block, 36
-# channels on rows of 40 pixels whole blocks and partial ones.
+# channels on rows of 40 pixels whole blocks and partial ones. Output rows of
+# about 24 positions or more (two chunks: 40) go straight into their pair rows
+# ("chunks", "wide-padding", "whole-blocks", "one-tap-rows", "8-taps-wide",
+# "3-D-wide"), each pair row from two blocks of 16 pixels whose offset depends
+# on the taps along the row (1 and 8 as the extremes); narrower ones through
+# planes.
 AMX_DEPTHWISE_CASES = {
     # name: (n, c, size, kernel, attributes)
     "convnext-7x7": (2, 40, (13, 11), (7, 7), dict(pads_begin=3, pads_end=3)),
@@ -998,6 +1003,9 @@ AMX_DEPTHWISE_CASES = {
     "no-padding": (2, 33, (12, 12), (5, 5), {}),
     "1-D": (3, 12, (37,), (8,), dict(pads_begin=3, pads_end=1)),
     "3-D-one-deep": (2, 9, (3, 6, 7), (1, 3, 3), dict(pads_begin=(0, 1, 1), pads_end=(0, 1, 1))),
+    "one-tap-rows": (2, 5, (6, 40), (3, 1), dict(pads_begin=(1, 0), pads_end=(1, 0))),
+    "8-taps-wide": (2, 3, (5, 50), (2, 8), dict(pads_begin=(0, 4), pads_end=(1, 3))),
+    "3-D-wide": (2, 35, (2, 5, 40), (1, 3, 3), dict(pads_begin=(0, 1, 1), pads_end=(0, 1, 1))),
 }
 
 

@@ -84,6 +84,16 @@ inline bool float_row_taps(int64_t taps_along_row) {
   return taps_along_row == 3 || taps_along_row == 5 || taps_along_row == 7;
 }
 
+// amx_bf16's pitch of grad_output pair rows, in pairs, for rows of `chunks`
+// chunks of 32 positions: the last chunk's B reads pairs up to (chunks - 1) *
+// 32 + 2 * 15 + 7; on cache lines.
+inline int64_t amx_pair_pitch(int64_t chunks) { return (chunks * 32 + 8 + 15) / 16 * 16; }
+// Whether amx_bf16 makes channels-last grad_output rows of `width` positions
+// into their pair rows as it transposes them: where those take at most 4
+// times the row's bytes (ConvNeXt's rows of 56 and 28 positions; rows of 14
+// and 7, whose pair rows are mostly zeros, would take L2's space).
+inline bool amx_makes_pair_rows(int64_t chunks, int64_t width) { return amx_pair_pitch(chunks) <= 2 * width; }
+
 // Whether this compiler and OS give the AVX-512 build the AMX kernel below
 // (GCC 11 and Clang 12 have the tile intrinsics; Linux grants the tile state).
 #if defined(__x86_64__) && defined(__linux__) && (defined(__clang__) ? __clang_major__ >= 12 : __GNUC__ >= 11)
@@ -2006,8 +2016,7 @@ inline AmxPlan amx_plan(const Args& args) {
   plan.w_begin = std::max<int64_t>(0, -plan.pad_w);
   plan.w_end = std::min(plan.W, plan.x_pitch - plan.pad_w);
   plan.pair_rows = round_up(plan.OH, 2);
-  // The last chunk's B reads pairs up to (chunks - 1) * 32 + 2 * 15 + 7.
-  plan.pair_pitch = round_up(plan.chunks * kAmxChunk + 8, 16);
+  plan.pair_pitch = amx_pair_pitch(plan.chunks);
   // Pairs t .. t + 15 take positions t - KW + 1 .. t - KW + 17 (32 loaded).
   for (int64_t t = 0; t < plan.pair_pitch; t += 16) {
     const int64_t first = std::clamp<int64_t>(plan.KW - 1 - t, 0, 32);
@@ -2016,6 +2025,10 @@ inline AmxPlan amx_plan(const Args& args) {
   }
   return plan;
 }
+
+// The pitch of transpose_pair_rows's units: 16 pixels before a row's first
+// pair row and 16 after its last.
+inline int64_t amx_units_pitch(const AmxPlan& plan) { return plan.pair_pitch + 32; }
 
 // Per-thread buffers, zero where never written: the padded input plane and
 // the grad_output plane's pairs.
@@ -2041,17 +2054,32 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_pair_row(const AmxPlan& plan, const ui
   }
 }
 
+// pairs[k] lane i = channels 2k and 2k + 1 of pixel i of channels-last
+// 16-bit data (zero from pixel `left` or channel `channels` on, at most 32):
+// 16 pixels transposed in 32-bit units. Whole blocks of 16 pixels and 32
+// channels transpose as they load (load_transposed): the transposition alone
+// ran 1.17x as fast so (AMX CPU, one thread, ConvNeXt's layer, data in L3).
+TORCH_CONVGRAD_AMX_TARGET inline void load_channel_pairs(const uint16_t* source, int64_t pixel_stride, int64_t left,
+                                                         int64_t channels, __m512 (&pairs)[16]) {
+  if (left >= 16 && channels == 32) {
+    load_transposed(source, pixel_stride * 2, pairs);
+    return;
+  }
+  const __mmask32 channel_mask = channels >= 32 ? ~__mmask32{0} : (__mmask32{1} << channels) - 1;
+  __m512 rows[16];
+  for (int64_t i = 0; i < 16; ++i)
+    rows[i] = _mm512_castsi512_ps(i < left ? _mm512_maskz_loadu_epi16(channel_mask, source + i * pixel_stride)
+                                           : _mm512_setzero_si512());
+  transpose_registers(rows, pairs);
+}
+
 // planes[c * plane_pitch + p] = source[p * pixel_stride + c] for c <
 // channels (at most 32), p < count: channels-last 16-bit data as a plane per
-// channel. Per 16 pixels: a 16 x 16 transpose of channel pairs (32-bit
-// units), then each pair's two channels separated. Through a buffer, as two
-// transposes of 16 pixels and then 32 pixels a store, it ran ConvNeXt's 7x7
-// channels-last layer 1-7% slower. Whole blocks of 16 pixels and 32 channels
-// transpose as they load (load_transposed): the transposition alone ran
-// 1.17x as fast so (AMX CPU, one thread, ConvNeXt's layer, data in L3).
+// channel, 16 pixels at a time, each pair of channels separated. Through a
+// buffer, as two transposes of 16 pixels and then 32 pixels a store, it ran
+// ConvNeXt's 7x7 channels-last layer 1-7% slower.
 TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source, int64_t pixel_stride, int64_t count,
                                                          int64_t channels, uint16_t* planes, int64_t plane_pitch) {
-  const __mmask32 channel_mask = channels >= 32 ? ~__mmask32{0} : (__mmask32{1} << channels) - 1;
   // A pair's 16 pixels (c, c + 1 interleaved) as channel c's, then c + 1's.
   alignas(64) static constexpr uint16_t kSeparate[32] = {0, 2,  4,  6,  8,  10, 12, 14, 16, 18, 20,
                                                          22, 24, 26, 28, 30, 1,  3,  5,  7,  9,  11,
@@ -2060,15 +2088,7 @@ TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source,
   for (int64_t p0 = 0; p0 < count; p0 += 16) {
     const int64_t left = count - p0;
     __m512 pairs[16];
-    if (left >= 16 && channels == 32) {
-      load_transposed(source + p0 * pixel_stride, pixel_stride * 2, pairs);
-    } else {
-      __m512 rows[16];
-      for (int64_t i = 0; i < 16; ++i)
-        rows[i] = _mm512_castsi512_ps(i < left ? _mm512_maskz_loadu_epi16(channel_mask, source + (p0 + i) * pixel_stride)
-                                               : _mm512_setzero_si512());
-      transpose_registers(rows, pairs);
-    }
+    load_channel_pairs(source + p0 * pixel_stride, pixel_stride, left, channels, pairs);
     const __mmask16 pixel_mask = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
     for (int64_t pair = 0; 2 * pair < channels; ++pair) {
       const __m512i both = _mm512_permutexvar_epi16(separate, _mm512_castps_si512(pairs[pair]));
@@ -2076,6 +2096,51 @@ TORCH_CONVGRAD_AMX_TARGET inline void transpose_channels(const uint16_t* source,
       if (2 * pair + 1 < channels)
         _mm256_mask_storeu_epi16(planes + (2 * pair + 1) * plane_pitch + p0, pixel_mask,
                                  _mm512_extracti64x4_epi64(both, 1));
+    }
+  }
+}
+
+// amx_pair_row's pair rows of a channels-last grad_output row, channels c <
+// channels (at most 32): pair_rows[c * plane_pitch + t] = (row[t - KW + 1],
+// row[t - KW + 2]) for t < plan.pair_pitch, zero outside the row's OW
+// positions, made from the row's transposed pairs of channels with no plane
+// of each channel in between. `units` (amx_units_pitch apart) takes those
+// pairs, pair k's pixel p at [k][16 + p], zero where never written (before
+// the row, after it). Against planes of each channel whose pair rows
+// amx_plane writes between the products (skipping those writes alone made
+// ConvNeXt's channels-last layer 1.2-1.4x as fast: the tile loads wait on
+// them), it ran that layer 1.05-1.07x as fast, 7x7 and 5x5 layers on 28x28
+// maps 1.04-1.07x and 1.05-1.14x, and 7x7 on 96x96 and 112x112 maps
+// 0.91-0.97x (smaller bands; see amx_bf16_impl's prefetch) (AMX CPU, 2
+// threads, processes alternated).
+TORCH_CONVGRAD_AMX_TARGET inline void transpose_pair_rows(const AmxPlan& plan, const uint16_t* source,
+                                                          int64_t pixel_stride, int64_t channels, uint32_t* units,
+                                                          uint32_t* pair_rows, int64_t plane_pitch) {
+  const int64_t units_pitch = amx_units_pitch(plan);
+  // Pixels past the last pair row's are not read.
+  const int64_t count = std::min(plan.OW, plan.pair_pitch + 16);
+  for (int64_t p0 = 0; p0 < count; p0 += 16) {
+    __m512 pairs[16];
+    load_channel_pairs(source + p0 * pixel_stride, pixel_stride, count - p0, channels, pairs);
+    for (int64_t k = 0; 2 * k < channels; ++k) _mm512_store_ps(units + k * units_pitch + 16 + p0, pairs[k]);
+  }
+  // Pair rows t0 .. t0 + 15 take pixels s0 = t0 - KW + 1 to s0 + 16: of the
+  // blocks of 16 from s0 - offset and the next, offset the same for every t0.
+  const int64_t offset = (16 - (plan.KW - 1) % 16) % 16;
+  alignas(64) uint16_t index[2][32];
+  for (int64_t j = 0; j < 2; ++j)  // channel 2k + j
+    for (int64_t i = 0; i < 16; ++i)
+      for (int64_t e = 0; e < 2; ++e) index[j][2 * i + e] = static_cast<uint16_t>(2 * (offset + i + e) + j);
+  const __m512i even = _mm512_load_si512(index[0]), odd = _mm512_load_si512(index[1]);
+  for (int64_t k = 0; 2 * k < channels; ++k) {
+    const uint32_t* pair_units = units + k * units_pitch + 16;
+    uint32_t* even_rows = pair_rows + 2 * k * plane_pitch;
+    for (int64_t t0 = 0; t0 < plan.pair_pitch; t0 += 16) {
+      const int64_t block = t0 - (plan.KW - 1) - offset;
+      const __m512i low = _mm512_load_si512(pair_units + block), high = _mm512_load_si512(pair_units + block + 16);
+      _mm512_store_si512(even_rows + t0, _mm512_permutex2var_epi16(low, even, high));
+      if (2 * k + 1 < channels)
+        _mm512_store_si512(even_rows + plane_pitch + t0, _mm512_permutex2var_epi16(low, odd, high));
     }
   }
 }
@@ -2102,24 +2167,26 @@ struct AmxRows {
 
 // Adds the products of a plane's output rows `rows` to the sums in C tiles 2
 // * set and 2 * set + 1; `padded` is the input plane as amx_pad_plane writes
-// it from padded row o_begin on, `dy` the output gradient from row o_begin on.
-// Calls between(p, steps) after step p (a pair of output rows and a chunk: two
-// products).
-template <typename Between>
+// it from padded row o_begin on, `pairs` the output gradient's pair rows
+// (amx_pair_row's) from row o_begin on. Given the output gradient's rows
+// (`dy`: row o_begin, the next dy_row elements apart), it writes them, except
+// row OH (after an odd count), which stays zero; given nullptr, they are
+// written already. Calls between(p, steps) after step p (a pair of output
+// rows and a chunk: two products).
+template <typename Dy, typename Between>
 TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, AmxRows rows, const uint16_t* padded,
-                                                const uint16_t* dy, int64_t dy_row, int set, AmxBuffers& buffers,
-                                                Between&& between) {
+                                                uint32_t* pairs, Dy dy, int64_t dy_row, int set, Between&& between) {
   // Locals: the compiler cannot keep plan's fields in registers across the
   // vector stores, which may alias anything.
   const int64_t OH = plan.OH, chunks = plan.chunks, x_pitch = plan.x_pitch, pair_pitch = plan.pair_pitch;
   const int64_t o_begin = rows.o_begin, o_end = rows.o_end;
-  // The plane's pair rows, row OH (after an odd count) zero.
-  uint32_t* pairs = buffers.pairs.data();
   // A pair of output rows written kAmxPairsAhead pairs before its products:
   // a tile load right after the stores that wrote its data stalls.
   const auto write_pairs = [&](int64_t o) {
-    amx_pair_row(plan, dy + (o - o_begin) * dy_row, pairs + o * pair_pitch);
-    if (o + 1 < OH) amx_pair_row(plan, dy + (o + 1 - o_begin) * dy_row, pairs + (o + 1) * pair_pitch);
+    if constexpr (!std::is_null_pointer_v<Dy>) {
+      amx_pair_row(plan, dy + (o - o_begin) * dy_row, pairs + (o - o_begin) * pair_pitch);
+      if (o + 1 < OH) amx_pair_row(plan, dy + (o + 1 - o_begin) * dy_row, pairs + (o + 1 - o_begin) * pair_pitch);
+    }
   };
   for (int64_t o = o_begin; o < std::min(o_end, o_begin + 2 * kAmxPairsAhead); o += 2) write_pairs(o);
   const int64_t steps = (o_end - o_begin + 1) / 2 * chunks;
@@ -2127,7 +2194,7 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_plane(const AmxPlan& plan, AmxRows row
     if (o + 2 * kAmxPairsAhead < o_end) write_pairs(o + 2 * kAmxPairsAhead);
     for (int64_t chunk = 0; chunk < chunks; ++chunk, ++p) {
       const uint16_t* a = padded + (o - o_begin) * x_pitch + chunk * kAmxChunk;
-      const uint32_t* b = pairs + o * pair_pitch + chunk * kAmxChunk;
+      const uint32_t* b = pairs + (o - o_begin) * pair_pitch + chunk * kAmxChunk;
       // A step's two products: A (tile a_tile) times B for output row o
       // (tile 6) into C tile c0, and for row o + 1 (tile 7) into c1. Tile
       // numbers are literal tokens (GCC's intrinsics paste them into the
@@ -2171,7 +2238,6 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
   const auto* input = static_cast<const uint16_t*>(args.input);
   const auto* grad_output = static_cast<const uint16_t*>(args.grad_output);
   const bool channels_first = xs[4] == 1 && dys[4] == 1;
-  const int64_t dy_plane = plan.OH * plan.OW;
   // A channel's sums live in one set of two C tiles across its planes; the
   // channels take turns between the two sets. While a channel's last plane
   // runs, the other set's sums (the channel before) are stored and the next
@@ -2200,11 +2266,16 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
   // a single channel, whose visits all sum in one set.
   int set = 0, last_set = 0;
   load_sums(set, sums.data());
-  const auto visit = [&](int64_t previous, int64_t next, AmxRows rows, int64_t planes, const auto& plane_at) {
+  // Channels-last data's next band, prefetched between the products of
+  // visits whose `prefetching` (a bool_constant) is true.
+  PrefetchQueue ahead;
+  const auto visit = [&](int64_t previous, int64_t next, AmxRows rows, int64_t planes, const auto& plane_at,
+                         auto prefetching) {
     for (int64_t i = 0; i < planes; ++i) {
-      const auto [padded, dy, dy_row] = plane_at(i);
+      const auto [padded, pairs, dy, dy_row] = plane_at(i);
       const bool last = i + 1 == planes;
-      amx_plane(plan, rows, padded, dy, dy_row, set, buffers, [&](int64_t p, int64_t steps) {
+      amx_plane(plan, rows, padded, pairs, dy, dy_row, set, [&](int64_t p, int64_t steps) {
+        if constexpr (decltype(prefetching)::value) ahead.step();
         if (!last || p != std::min<int64_t>(2, steps - 1)) return;
         if (previous >= 0) store_sums(1 - set, sums.data() + previous * kAmxSums);
         if (next >= 0) load_sums(1 - set, sums.data() + next * kAmxSums);
@@ -2225,8 +2296,9 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
       visit(c - 1, c + 1 < channels ? c + 1 : -1, AmxRows{0, plan.OH}, planes, [&](int64_t i) {
         const int64_t n = sample_begin + i / depth, z = i % depth;
         amx_pad_plane(plan, x_plane_at(n, c, z), xs[3], buffers.x.data());
-        return std::make_tuple(static_cast<const uint16_t*>(buffers.x.data()), dy_plane_at(n, c, z), dys[3]);
-      });
+        return std::make_tuple(static_cast<const uint16_t*>(buffers.x.data()), buffers.pairs.data(),
+                               dy_plane_at(n, c, z), dys[3]);
+      }, std::false_type{});
   } else {
     // Channels-last data: planes of the task's channels transposed at once
     // into about 1 MB (L2), the input's straight into its padded layout, then
@@ -2242,41 +2314,87 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
     // channels are read from memory once, together (a block of a pixel is a
     // cache line; one block per pass over the data read lines the
     // prefetchers had fetched for nothing).
+    //
+    // The output gradient's rows go straight into their pair rows
+    // (transpose_pair_rows) where amx_makes_pair_rows, else into planes whose
+    // pair rows amx_plane writes between the products.
     const int64_t depth = args.out[0];
-    const int64_t slice_elements = channels * (plan.x_rows * plan.x_pitch + dy_plane);
+    const bool made_pairs = amx_makes_pair_rows(plan.chunks, plan.OW);
+    // A grad_output row's elements (a pair row's two a position).
+    const int64_t dy_row = made_pairs ? 2 * plan.pair_pitch : plan.OW;
+    const int64_t slice_elements =
+        channels * (plan.x_rows * plan.x_pitch + (made_pairs ? plan.pair_rows : plan.OH) * dy_row);
     const int64_t batch = std::max<int64_t>(1, kAmxPlanesElements / slice_elements);
     // A band's planes: the input's rows of its output rows (even) and KH more.
     const auto band_elements = [&](int64_t rows) {
-      return channels * ((rows + plan.KH) * plan.x_pitch + rows * plan.OW);
+      return channels * ((rows + plan.KH) * plan.x_pitch + rows * dy_row);
     };
     int64_t band = round_up(plan.OH, 2);
     if (slice_elements > kAmxPlanesElements) {
       band = std::min(band, kAmxBandRows);
       while (band > 2 && band_elements(band) > kAmxPlanesElements) band -= 2;
     }
-    const int64_t band_x = (band + plan.KH) * plan.x_pitch, band_dy = band * plan.OW;
-    LineAlignedBuffer<uint16_t> x_planes(batch * depth * channels * band_x);
-    std::vector<uint16_t> dy_planes(batch * depth * channels * band_dy);
+    const int64_t band_x = (band + plan.KH) * plan.x_pitch, band_dy = band * plan.OW,
+                  band_pairs = band * plan.pair_pitch, planes = batch * depth * channels;
+    LineAlignedBuffer<uint16_t> x_planes(planes * band_x);
+    LineAlignedBuffer<uint16_t> dy_planes(made_pairs ? 0 : planes * band_dy);
+    LineAlignedBuffer<uint32_t> dy_pairs(made_pairs ? planes * band_pairs : 0);
+    LineAlignedBuffer<uint32_t> units(made_pairs ? 16 * amx_units_pitch(plan) : 0);
     const int64_t carried = plan.KH - 1;
+    // The padded input rows that the band from output row o0 transposes:
+    // from its first, less those carried over from the band before, to the
+    // last its products read.
+    const auto band_rows = [&](int64_t o0) {
+      const int64_t o1 = std::min(plan.OH, o0 + band);
+      return std::make_pair(o0 > 0 ? o0 + carried : o0, o0 + round_up(o1 - o0, 2) + plan.KH - 1);
+    };
+    // A band's steps (products of its planes, all slices).
+    const auto band_steps = [&](int64_t o0, int64_t slices) {
+      return channels * slices * ((std::min(plan.OH - o0, band) + 1) / 2) * plan.chunks;
+    };
+    // Queues the data of the band of samples n0 .. n1 - 1 from output row o0
+    // for prefetch into L2 during `steps` of the products before it: the
+    // transposition waits on memory, the products read none. With the pair
+    // rows made in the transposition, it ran ConvNeXt's 7x7 channels-last
+    // layer 1.04x as fast, 7x7 on 96x96 and 112x112 maps 1.06x and 1.09x, a
+    // 5x5 layer on 28x28 maps 0.97x; both together, against the transposition
+    // before them: that layer 1.13x, the others 0.99-1.05x, 7x7 on 14x14 and
+    // 7x7 maps (planes) 1.0x and 1.04x (AMX CPU, 2 threads, processes
+    // alternated). Only the first slices' rows where the queue's ranges run
+    // out (3-D data).
+    const auto prefetch_band = [&](int64_t n0, int64_t n1, int64_t o0, int64_t steps) {
+      ahead.clear();
+      const auto [first_row, rows_end] = band_rows(o0);
+      const int64_t h0 = std::max<int64_t>(0, first_row - plan.pad_h), h1 = std::min(plan.H, rows_end - plan.pad_h);
+      const int64_t o1 = std::min(plan.OH, o0 + band);
+      const auto bytes = [&](int64_t pixels, int64_t pixel_stride) {
+        return ((pixels - 1) * pixel_stride + channels) * 2;
+      };
+      for (int64_t n = n0; n < n1; ++n)
+        for (int64_t z = 0; z < depth; ++z) {
+          if (h1 > h0)
+            ahead.add(x_plane_at(n, 0, z) + h0 * xs[3] + plan.w_begin * xs[4],
+                      bytes(plan.w_end - plan.w_begin, xs[4]), h1 - h0, xs[3] * 2);
+          ahead.add(dy_plane_at(n, 0, z) + o0 * dys[3], bytes(plan.OW, dys[4]), o1 - o0, dys[3] * 2);
+        }
+      ahead.spread_over(steps);
+    };
     for (int64_t n0 = sample_begin; n0 < sample_end; n0 += batch) {
       const int64_t n1 = std::min(sample_end, n0 + batch), slices = (n1 - n0) * depth;
       for (int64_t o0 = 0; o0 < plan.OH; o0 += band) {
         const int64_t o1 = std::min(plan.OH, o0 + band);
         // x_planes[slice][channel]: padded input rows o0 .. rows_end - 1.
-        const int64_t rows_end = o0 + round_up(o1 - o0, 2) + plan.KH - 1;
+        const auto [first_row, rows_end] = band_rows(o0);
         const auto x_row = [&](int64_t slice, int64_t c, int64_t row) {
           return x_planes.data() + (slice * channels + c) * band_x + (row - o0) * plan.x_pitch;
         };
         for (int64_t n = n0; n < n1; ++n)
           for (int64_t z = 0; z < depth; ++z) {
             const int64_t slice = (n - n0) * depth + z;
-            int64_t row = o0;
-            if (o0 > 0) {
+            if (o0 > 0)
               for (int64_t c = 0; c < channels; ++c)
                 std::memmove(x_row(slice, c, o0), x_row(slice, c, o0 + band), carried * plan.x_pitch * 2);
-              row += carried;
-            }
-            for (; row < rows_end; ++row) {
+            for (int64_t row = first_row; row < rows_end; ++row) {
               const int64_t h = row - plan.pad_h;
               if (h < 0 || h >= plan.H) {
                 // Padding: zero from the start, unless an earlier band left rows there.
@@ -2289,22 +2407,56 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
                                    plan.w_end - plan.w_begin, std::min<int64_t>(32, channels - c0),
                                    x_row(slice, c0, row) + plan.pad_w + plan.w_begin, band_x);
             }
+            if (!made_pairs) {
+              for (int64_t oh = o0; oh < o1; ++oh)
+                for (int64_t c0 = 0; c0 < channels; c0 += 32)
+                  transpose_channels(dy_plane_at(n, c0, z) + oh * dys[3], dys[4], plan.OW,
+                                     std::min<int64_t>(32, channels - c0),
+                                     dy_planes.data() + (slice * channels + c0) * band_dy + (oh - o0) * plan.OW,
+                                     band_dy);
+              continue;
+            }
+            uint32_t* slice_pairs = dy_pairs.data() + slice * channels * band_pairs;
             for (int64_t oh = o0; oh < o1; ++oh)
               for (int64_t c0 = 0; c0 < channels; c0 += 32)
-                transpose_channels(dy_plane_at(n, c0, z) + oh * dys[3], dys[4], plan.OW,
-                                   std::min<int64_t>(32, channels - c0),
-                                   dy_planes.data() + (slice * channels + c0) * band_dy + (oh - o0) * plan.OW, band_dy);
+                transpose_pair_rows(plan, dy_plane_at(n, c0, z) + oh * dys[3], dys[4],
+                                    std::min<int64_t>(32, channels - c0), units.data(),
+                                    slice_pairs + c0 * band_pairs + (oh - o0) * plan.pair_pitch, band_pairs);
+            // After an odd count of rows, the pair's second row zero.
+            if ((o1 - o0) % 2 == 1)
+              for (int64_t c = 0; c < channels; ++c)
+                std::fill_n(slice_pairs + c * band_pairs + (o1 - o0) * plan.pair_pitch, plan.pair_pitch, 0);
           }
+        if (o1 < plan.OH)
+          prefetch_band(n0, n1, o1, band_steps(o0, slices));
+        else if (n1 < sample_end)
+          prefetch_band(n1, std::min(sample_end, n1 + batch), 0, band_steps(o0, slices));
         for (int64_t c = 0; c < channels; ++c) {
           // A single channel keeps its sums in one set across its visits.
           const bool first = n0 == sample_begin && o0 == 0 && c == 0;
           const bool last = n1 == sample_end && o1 == plan.OH && c + 1 == channels;
-          visit(first || channels == 1 ? -1 : (c + channels - 1) % channels,
-                last || channels == 1 ? -1 : (c + 1) % channels, AmxRows{o0, o1}, slices, [&](int64_t slice) {
-                  const int64_t plane = slice * channels + c;
-                  return std::make_tuple(static_cast<const uint16_t*>(x_planes.data() + plane * band_x),
-                                         static_cast<const uint16_t*>(dy_planes.data() + plane * band_dy), plan.OW);
-                });
+          const auto visit_channel = [&](const auto& plane_at) {
+            visit(first || channels == 1 ? -1 : (c + channels - 1) % channels,
+                  last || channels == 1 ? -1 : (c + 1) % channels, AmxRows{o0, o1}, slices, plane_at,
+                  std::true_type{});
+          };
+          const auto x_plane = [&](int64_t slice) {
+            return static_cast<const uint16_t*>(x_planes.data() + (slice * channels + c) * band_x);
+          };
+          if (made_pairs) {
+            visit_channel([&](int64_t slice) {
+              return std::make_tuple(x_plane(slice), dy_pairs.data() + (slice * channels + c) * band_pairs, nullptr,
+                                     int64_t{0});
+            });
+          } else {
+            // Pair rows written to buffers.pairs's rows from o0 on (so that
+            // row OH there stays zero).
+            visit_channel([&](int64_t slice) {
+              return std::make_tuple(x_plane(slice), buffers.pairs.data() + o0 * plan.pair_pitch,
+                                     static_cast<const uint16_t*>(dy_planes.data() + (slice * channels + c) * band_dy),
+                                     plan.OW);
+            });
+          }
         }
       }
     }
