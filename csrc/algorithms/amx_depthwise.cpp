@@ -74,10 +74,15 @@ bool supports(const Problem& problem) {
 // plane (the 7x7 maps'). With B read from pair rows (AMX CPU, 2026-11-28),
 // those layers and 5x5 and 3x3 ones on 28x28 maps, channels-first, took
 // 0.83-1.2 times 11 ns a step and 15 ns a plane. The depthwise kernel ran the
-// 3x3 layers and the 7x7 maps of 7x7 channels-last faster.
+// 3x3 layers and the 7x7 maps of 7x7 channels-last faster. Where the
+// transposition makes grad_output's pair rows (amx_makes_pair_rows), seven
+// channels-last layers (3x3 to 7x7, 28x28 to 112x112 maps) took what is left
+// after the rest of this model at 37-75 GB/s of those bytes and 35 ns a plane
+// (AMX CPU, 2026-11-28).
 constexpr double kSecondsPerStep = 11e-9;
 constexpr double kSecondsPerPlane = 15e-9;
 constexpr double kTransposedBytesPerSecond = 25e9;
+constexpr double kPairsMadeBytesPerSecond = 45e9;
 constexpr double kTransposedSecondsPerPlane = 35e-9;
 constexpr double kBytesPerSecond = 21e9;
 constexpr double kOverheadSeconds = 15e-6;
@@ -91,8 +96,10 @@ double cost(const Problem& problem, const Geometry& g) {
   // gradient's.
   const double padded_input = static_cast<double>((2 * ceil_div(g.out[1], 2) + g.kernel[1]) * 32 * row_chunks(g));
   const double transposed = planes * (padded_input + static_cast<double>(g.out[1] * g.out[2])) * 2;
+  const double rate = depthwise_kernel::amx_makes_pair_rows(row_chunks(g), g.out[2]) ? kPairsMadeBytesPerSecond
+                                                                                      : kTransposedBytesPerSecond;
   return kOverheadSeconds + std::max(bytes / kBytesPerSecond, compute) +
-         (channels_first(g) ? 0.0 : transposed / kTransposedBytesPerSecond + planes * kTransposedSecondsPerPlane);
+         (channels_first(g) ? 0.0 : transposed / rate + planes * kTransposedSecondsPerPlane);
 }
 
 at::Tensor run(const Problem& problem) {
