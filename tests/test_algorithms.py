@@ -989,9 +989,11 @@ def test_amx_gathers_an_output_gradient_it_cannot_read_in_place(layout):
 # channels on rows of 40 pixels whole blocks and partial ones. Output rows of
 # about 24 positions or more (two chunks: 40) go straight into their pair rows
 # ("chunks", "wide-padding", "whole-blocks", "one-tap-rows", "8-taps-wide",
-# "3-D-wide"), each pair row from two blocks of 16 pixels whose offset depends
-# on the taps along the row (1 and 8 as the extremes); narrower ones through
-# planes.
+# "3-D-wide", "2-taps-wide", "long-right-padding"), each pair row from two
+# blocks of 16 pixels whose offset depends on the taps along the row (0 for
+# one tap, 15 for two: the extremes; 9 for eight), reading only the pixels the
+# last pair row takes (a right padding long enough to leave some unread);
+# narrower ones through planes.
 AMX_DEPTHWISE_CASES = {
     # name: (n, c, size, kernel, attributes)
     "convnext-7x7": (2, 40, (13, 11), (7, 7), dict(pads_begin=3, pads_end=3)),
@@ -1006,6 +1008,8 @@ AMX_DEPTHWISE_CASES = {
     "one-tap-rows": (2, 5, (6, 40), (3, 1), dict(pads_begin=(1, 0), pads_end=(1, 0))),
     "8-taps-wide": (2, 3, (5, 50), (2, 8), dict(pads_begin=(0, 4), pads_end=(1, 3))),
     "3-D-wide": (2, 35, (2, 5, 40), (1, 3, 3), dict(pads_begin=(0, 1, 1), pads_end=(0, 1, 1))),
+    "2-taps-wide": (2, 5, (4, 40), (3, 2), dict(pads_begin=(1, 0), pads_end=(1, 1))),
+    "long-right-padding": (2, 4, (4, 30), (3, 3), dict(pads_begin=1, pads_end=(1, 40))),
 }
 
 
@@ -1084,7 +1088,7 @@ AMX_DEPTHWISE_BAND_CASES = {
     # name: (n, c, size, kernel, attributes)
     "odd-last-band": (1, 33, (95, 90), (7, 7), dict(pads_begin=3, pads_end=3)),  # 5 bands of 16, then 15
     "bottom-padding": (1, 33, (90, 93), (5, 7), dict(pads_begin=(0, 4), pads_end=(4, 1))),
-    "single-channel-bands": (1, 33, (512, 520), (3, 3), dict(pads_begin=1, pads_end=1)),  # 32 channels: bands of 12
+    "single-channel-bands": (1, 33, (512, 520), (3, 3), dict(pads_begin=1, pads_end=1)),  # 32 channels: bands of 8
 }
 
 

@@ -232,7 +232,8 @@ void stage_phases(const T* source, int64_t element_stride, int64_t size, int64_t
 // buffers, and the next waits for a free one while no FMA retires behind it.
 class PrefetchQueue {
  public:
-  static constexpr int kMostRanges = 5;  // a grad_output row and up to 4 input rows
+  // channels_last: a grad_output row and up to 4 input rows; amx_bf16: two a slice.
+  static constexpr int kMostRanges = 5;
   void clear() { ranges_ = 0, range_ = 0, item_ = 0, lines_ = 0, per_step_ = 0, next_ = nullptr; }
   void add(const void* begin, int64_t bytes, int64_t count = 1, int64_t pitch = 0) {
     if (bytes <= 0 || count <= 0 || ranges_ == kMostRanges) return;
@@ -2320,14 +2321,14 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
     // pair rows amx_plane writes between the products.
     const int64_t depth = args.out[0];
     const bool made_pairs = amx_makes_pair_rows(plan.chunks, plan.OW);
-    // A grad_output row's elements (a pair row's two a position).
-    const int64_t dy_row = made_pairs ? 2 * plan.pair_pitch : plan.OW;
+    // A grad_output row's elements in the planes (a pair row's two a position).
+    const int64_t dy_row_elements = made_pairs ? 2 * plan.pair_pitch : plan.OW;
     const int64_t slice_elements =
-        channels * (plan.x_rows * plan.x_pitch + (made_pairs ? plan.pair_rows : plan.OH) * dy_row);
+        channels * (plan.x_rows * plan.x_pitch + (made_pairs ? plan.pair_rows : plan.OH) * dy_row_elements);
     const int64_t batch = std::max<int64_t>(1, kAmxPlanesElements / slice_elements);
     // A band's planes: the input's rows of its output rows (even) and KH more.
     const auto band_elements = [&](int64_t rows) {
-      return channels * ((rows + plan.KH) * plan.x_pitch + rows * dy_row);
+      return channels * ((rows + plan.KH) * plan.x_pitch + rows * dy_row_elements);
     };
     int64_t band = round_up(plan.OH, 2);
     if (slice_elements > kAmxPlanesElements) {
@@ -2361,7 +2362,9 @@ TORCH_CONVGRAD_AMX_TARGET inline void amx_bf16_impl(const Args& args, int64_t sa
     // before them: that layer 1.13x, the others 0.99-1.05x, 7x7 on 14x14 and
     // 7x7 maps (planes) 1.0x and 1.04x (AMX CPU, 2 threads, processes
     // alternated). Only the first slices' rows where the queue's ranges run
-    // out (3-D data).
+    // out (two a slice: batches of 3 samples or more, 3-D data). A task of
+    // some of the channels (samples fewer than threads) prefetches all of each
+    // pixel's.
     const auto prefetch_band = [&](int64_t n0, int64_t n1, int64_t o0, int64_t steps) {
       ahead.clear();
       const auto [first_row, rows_end] = band_rows(o0);
