@@ -2006,11 +2006,16 @@ struct AmxPlan {
   int64_t pair_rows;       // grad_output rows written as pairs, OH rounded up to even (the last one zero)
   int64_t pair_pitch;      // and their pitch in pairs: every B's 16 rows of 8 pairs, on cache lines
   std::vector<uint32_t> pair_masks;  // per 16 pairs of a row: the grad_output positions inside the row
+  // transpose_pair_rows's permutations of two blocks of 16 pixels' channel
+  // pairs into 16 pair rows, of channel 2k and of 2k + 1; the blocks for pair
+  // rows t0 .. t0 + 15 start at pixel t0 - pair_offset.
+  uint16_t pair_index[2][32];
+  int64_t pair_offset;
 };
 
 inline AmxPlan amx_plan(const Args& args) {
   AmxPlan plan{args.in[1], args.in[2], args.out[1], args.out[2], args.kernel[1], args.kernel[2],
-               args.pad_begin[1], args.pad_begin[2], 0, 0, 0, 0, 0, 0, 0, {}};
+               args.pad_begin[1], args.pad_begin[2], 0, 0, 0, 0, 0, 0, 0, {}, {}, 0};
   plan.chunks = (plan.W + plan.pad_w + kAmxChunk - 1) / kAmxChunk;
   plan.x_rows = round_up(plan.OH, 2) + plan.KH;
   plan.x_pitch = plan.chunks * kAmxChunk;
@@ -2024,6 +2029,13 @@ inline AmxPlan amx_plan(const Args& args) {
     const int64_t last = std::clamp<int64_t>(plan.OW + plan.KW - 1 - t, first, 32);
     plan.pair_masks.push_back(static_cast<uint32_t>(((uint64_t{1} << (last - first)) - 1) << first));
   }
+  // Pair rows t0 .. t0 + 15 take pixels s0 = t0 - KW + 1 to s0 + 16: of the
+  // blocks of 16 from s0 - offset and the next, offset the same for every t0.
+  const int64_t offset = (16 - (plan.KW - 1) % 16) % 16;
+  plan.pair_offset = plan.KW - 1 + offset;
+  for (int64_t j = 0; j < 2; ++j)  // channel 2k + j
+    for (int64_t i = 0; i < 16; ++i)
+      for (int64_t e = 0; e < 2; ++e) plan.pair_index[j][2 * i + e] = static_cast<uint16_t>(2 * (offset + i + e) + j);
   return plan;
 }
 
@@ -2125,19 +2137,12 @@ TORCH_CONVGRAD_AMX_TARGET inline void transpose_pair_rows(const AmxPlan& plan, c
     load_channel_pairs(source + p0 * pixel_stride, pixel_stride, count - p0, channels, pairs);
     for (int64_t k = 0; 2 * k < channels; ++k) _mm512_store_ps(units + k * units_pitch + 16 + p0, pairs[k]);
   }
-  // Pair rows t0 .. t0 + 15 take pixels s0 = t0 - KW + 1 to s0 + 16: of the
-  // blocks of 16 from s0 - offset and the next, offset the same for every t0.
-  const int64_t offset = (16 - (plan.KW - 1) % 16) % 16;
-  alignas(64) uint16_t index[2][32];
-  for (int64_t j = 0; j < 2; ++j)  // channel 2k + j
-    for (int64_t i = 0; i < 16; ++i)
-      for (int64_t e = 0; e < 2; ++e) index[j][2 * i + e] = static_cast<uint16_t>(2 * (offset + i + e) + j);
-  const __m512i even = _mm512_load_si512(index[0]), odd = _mm512_load_si512(index[1]);
+  const __m512i even = _mm512_loadu_si512(plan.pair_index[0]), odd = _mm512_loadu_si512(plan.pair_index[1]);
   for (int64_t k = 0; 2 * k < channels; ++k) {
     const uint32_t* pair_units = units + k * units_pitch + 16;
     uint32_t* even_rows = pair_rows + 2 * k * plane_pitch;
     for (int64_t t0 = 0; t0 < plan.pair_pitch; t0 += 16) {
-      const int64_t block = t0 - (plan.KW - 1) - offset;
+      const int64_t block = t0 - plan.pair_offset;
       const __m512i low = _mm512_load_si512(pair_units + block), high = _mm512_load_si512(pair_units + block + 16);
       _mm512_store_si512(even_rows + t0, _mm512_permutex2var_epi16(low, even, high));
       if (2 * k + 1 < channels)
