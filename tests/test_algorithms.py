@@ -179,6 +179,43 @@ def test_gemm_transposes_blocks_cut_by_the_edges(channels, out_channels, width, 
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
+# gemm gathers the phase plane of a strided, channels-first 1x1 layer for BLAS
+# channel by channel, a vector of outputs (16 float32) from `stride` vectors
+# of a row: rows that leave a partial vector, a stride along the row longer
+# than a vector (gathered element by element), and padding, groups and
+# strides along both axes. Under ATEN_CPU_CAPABILITY=default the portable
+# build gathers, and BLAS takes channels-last output gradients too.
+GEMM_GATHER_CASES = [
+    # (channels, out_channels, size, attributes)
+    (6, 5, (5, 38), dict(strides=2)),
+    (4, 6, (3, 50), dict(strides=(1, 3), pads_begin=(1, 0), pads_end=(0, 0))),
+    (4, 4, (4, 40), dict(strides=(2, 17), groups=2)),
+    (3, 5, (6, 66), dict(strides=(3, 2), pads_begin=(0, 2), pads_end=(1, 0))),
+]
+
+
+def gemm_gather_problem(channels, out_channels, size, attributes, data_format="NCX"):
+    out = output_size(size, (1, 1), attributes)
+    x = rand(data_shape(2, channels, size, data_format), torch.float32, seed=27)
+    dy = rand(data_shape(2, out_channels, out, data_format), torch.float32, seed=28)
+    shape = [out_channels, channels // attributes.get("groups", 1), 1, 1]
+    return x, dy, shape, dict(attributes, data_format=data_format, filter_format="OIX")
+
+
+@pytest.mark.parametrize("case", range(len(GEMM_GATHER_CASES)))
+def test_gemm_gathers_strided_channels_first_rows(case):
+    x, dy, shape, attributes = gemm_gather_problem(*GEMM_GATHER_CASES[case])
+    result, ran = run("gemm", x, dy, shape, attributes)
+    assert ran == "gemm"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), x.dtype)
+
+
+def test_gemm_gathers_in_the_portable_build(tmp_path):
+    problems = [gemm_gather_problem(*case, data_format=data_format)
+                for case in GEMM_GATHER_CASES for data_format in ("NCX", "NXC")]
+    check_under_capability(problems, "DEFAULT", "gemm", tmp_path)
+
+
 # With one tap and fewer input channels than output ones, the fused kernel
 # takes the output gradient as its first operand and the input's plane as the
 # second, and the product comes out transposed: groups, strides and padding.

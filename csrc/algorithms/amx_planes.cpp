@@ -158,7 +158,7 @@ void build_planes(const Element* x, const Geometry& g, const Planes& planes, int
                                     input_index(1, lo[1]) * xs[3] + input_index(2, lo[2]) * xs[4];
             gather_every(source, g.stride[1] * xs[3], g.stride[2] * xs[4],
                          plane + (i0 * planes.extent[1] + lo[1]) * planes.extent[2] + lo[2], planes.extent[2],
-                         hi[2] - lo[2], hi[1] - lo[1]);
+                         hi[2] - lo[2], hi[1] - lo[1], sizeof(Element));
           }
         }
 }

@@ -164,16 +164,22 @@ at::Tensor as_rows(const at::Tensor& ncx5) { return ncx5.flatten(2).transpose(1,
 // channel of a 1-D tensor the row length's).
 bool unit_stride(const at::Tensor& t, int64_t dim) { return t.size(dim) == 1 || t.stride(dim) == 1; }
 
-// Copies `source` into `target`, both (N, A, B, W, C) with target's channels
-// contiguous. Channels-first sources (W unit-stride, C not) go through the
-// transposing kernel, one W x C matrix per (N, A, B) row, in parallel: ATen's
-// strided copy moves them at about a fifth of a plain copy's speed.
+// Copies `source` into `target`, both (N, A, B, W, C), one W x C matrix per
+// (N, A, B) row, in parallel, where ATen's strided copy is slow: from
+// channels-first sources (W unit-stride, C not) into channels-last targets
+// through the transposing kernel (ATen moved them at about a fifth of a
+// plain copy's speed), and from every step-th element of W into
+// channels-first targets through the gathering one (ATen gathers element by
+// element; ResNet's stride-2 1x1 layer, channels-first f32, ran 1.04x as
+// fast so on the AMX Xeon, its gather bound by the reads either way).
 void copy_as_rows(const at::Tensor& target, const at::Tensor& source) {
   const int64_t element_size = target.element_size();
-  const bool transposes = target.is_cpu() && target.scalar_type() == source.scalar_type() &&
-                          (element_size == 4 || element_size == 2) && target.stride(4) == 1 &&
-                          (source.stride(3) == 1 || source.size(3) == 1) && source.stride(4) != 1;
-  if (!transposes) {
+  const bool kernels_copy = target.is_cpu() && target.scalar_type() == source.scalar_type() &&
+                            (element_size == 4 || element_size == 2);
+  const bool transposes = kernels_copy && target.stride(4) == 1 && (source.stride(3) == 1 || source.size(3) == 1) &&
+                          source.stride(4) != 1;
+  const bool gathers = kernels_copy && target.stride(3) == 1 && target.size(3) > 1 && source.stride(3) > 1;
+  if (!transposes && !gathers) {
     target.copy_(source);
     return;
   }
@@ -190,9 +196,14 @@ void copy_as_rows(const at::Tensor& target, const at::Tensor& source) {
                          from += index[dim] * source.stride(dim);
                          to += index[dim] * target.stride(dim);
                        }
-                       transpose_to_rows(source_data + from * element_size, source.stride(4),
-                                         target_data + to * element_size, target.stride(3), target.size(4),
-                                         target.size(3), element_size);
+                       const char* from_data = source_data + from * element_size;
+                       char* to_data = target_data + to * element_size;
+                       if (transposes)
+                         transpose_to_rows(from_data, source.stride(4), to_data, target.stride(3), target.size(4),
+                                           target.size(3), element_size);
+                       else
+                         gather_every(from_data, source.stride(4), source.stride(3), to_data, target.stride(4),
+                                      target.size(3), target.size(4), element_size);
                      }
                    });
 }
@@ -772,8 +783,9 @@ double cost(const Problem& problem, const Geometry& g) {
   // Rows whose last axis stays contiguous in the copy (stride 1, or its
   // phases interleaved) move as whole runs, or through the transposing kernel
   // from channels-first data to channels-last; phase planes of a strided last
-  // axis take a pixel at a time, or an element at a time where they stay
-  // channels-first (11 GB/s on the Xeon, ResNet's stride-2 1x1 NCX f32).
+  // axis take a pixel at a time, or where they stay channels-first the
+  // gathering kernel, which reads every line of the rows it takes (11 GB/s
+  // on the Xeon, ResNet's stride-2 1x1 NCX f32, through ATen's copy then).
   // The Xeon's packing and conversion rates stand for every AVX-512 CPU (not
   // measured on the Zen 4).
   const auto pack_bytes_per_second = [avx512](bool channels_last, bool transposes, bool contiguous_rows) {

@@ -116,10 +116,10 @@ void transpose_to_rows(const void* src, int64_t src_ld, void* dst, int64_t dst_l
   transpose(src, src_ld, dst, dst_ld, columns, rows, element_size);
 }
 
-void gather_every(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count,
-                  int64_t rows) {
+void gather_every(const void* src, int64_t src_ld, int64_t step, void* dst, int64_t dst_ld, int64_t count,
+                  int64_t rows, int64_t element_size) {
   const auto gather = cpu_is_avx512() ? kernel::AVX512::gather : kernel::DEFAULT::gather;
-  gather(src, src_ld, step, dst, dst_ld, count, rows);
+  gather(src, src_ld, step, dst, dst_ld, count, rows, element_size);
 }
 
 void interleave_row_pairs(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs) {

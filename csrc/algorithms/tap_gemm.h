@@ -33,10 +33,10 @@ void transpose_to_rows(const void* src, int64_t src_ld, void* dst, int64_t dst_l
                        int64_t element_size);
 
 // dst[r * dst_ld + i] = src[r * src_ld + i * step] for i < count, r < rows:
-// every step-th 16-bit element of strided rows, copied as it is (one phase of
-// a strided axis). step >= 1.
-void gather_every(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count,
-                  int64_t rows);
+// every step-th element of strided rows, of `element_size` 2 or 4 bytes,
+// copied as it is (one phase of a strided axis). step >= 1.
+void gather_every(const void* src, int64_t src_ld, int64_t step, void* dst, int64_t dst_ld, int64_t count,
+                  int64_t rows, int64_t element_size);
 
 // dst[(p * columns + j) * 2 + i] = rows[2 * p + i][j] for i < 2, j < columns,
 // p < pairs: pairs of rows of 16-bit elements interleaved, the VNNI layout of

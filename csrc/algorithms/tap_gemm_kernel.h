@@ -59,8 +59,8 @@ struct Args {
   void transpose(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows, \
                  int64_t element_size);
 #define TORCH_CONVGRAD_TAP_GEMM_DECLARE_GATHER                                                               \
-  void gather(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld, int64_t count, \
-              int64_t rows);                                                                                    \
+  void gather(const void* src, int64_t src_ld, int64_t step, void* dst, int64_t dst_ld, int64_t count,        \
+              int64_t rows, int64_t element_size);                                                              \
   void interleave(const uint16_t* const* rows, uint16_t* dst, int64_t columns, int64_t pairs);          \
   bool split(const uint16_t* half, int64_t count, uint16_t* high, uint16_t* low);
 
@@ -475,41 +475,55 @@ inline void block_impl(const Args& args, int64_t m_begin, int64_t m_end, int64_t
 
 #ifdef CPU_CAPABILITY_AVX512
 
-// Per block of 32 outputs, lane j reads source element j * step: from the
-// source vector p = j * step / 32, at its lane j * step % 32. So `step`
-// vector loads and masked permutes make 32 outputs, where element-by-element
-// copies make one a cycle.
-inline void gather_impl(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld,
-                        int64_t count, int64_t rows) {
-  constexpr int64_t kBlock = 32;
+// Per block of one vector's outputs (32 16-bit or 16 32-bit elements), lane
+// j reads source element j * step: from the source vector p = j * step /
+// kBlock, at its lane j * step % kBlock. So `step` vector loads and masked
+// permutes make a vector of outputs, where element-by-element copies make
+// one a cycle.
+template <typename T>
+inline void gather_of(const T* src, int64_t src_ld, int64_t step, T* dst, int64_t dst_ld, int64_t count,
+                      int64_t rows) {
+  static_assert(sizeof(T) == 2 || sizeof(T) == 4, "16- or 32-bit elements");
+  constexpr int64_t kBlock = 64 / sizeof(T);
   if (step > kBlock) {
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t i = 0; i < count; ++i) dst[r * dst_ld + i] = src[r * src_ld + i * step];
     return;
   }
-  std::array<__m512i, kBlock> lane_of;
-  std::array<__mmask32, kBlock> lanes_from;
+  using Mask = std::conditional_t<sizeof(T) == 2, __mmask32, __mmask16>;
+  const auto first = [](int64_t n) {
+    return static_cast<Mask>(n >= kBlock ? ~uint32_t{0} : (uint32_t{1} << n) - 1);
+  };
+  __m512i lane_of[kBlock];
+  Mask lanes_from[kBlock];
   for (int64_t p = 0; p < step; ++p) {
-    alignas(64) uint16_t lane[kBlock];
+    alignas(64) T lane[kBlock];
     uint32_t mask = 0;
     for (int64_t j = 0; j < kBlock; ++j) {
-      lane[j] = static_cast<uint16_t>(j * step % kBlock);
+      lane[j] = static_cast<T>(j * step % kBlock);
       if (j * step / kBlock == p) mask |= uint32_t{1} << j;
     }
     lane_of[p] = _mm512_load_si512(lane);
-    lanes_from[p] = _cvtu32_mask32(mask);
+    lanes_from[p] = static_cast<Mask>(mask);
   }
-  const auto first = [](int64_t n) { return _cvtu32_mask32(n >= kBlock ? ~uint32_t{0} : (uint32_t{1} << n) - 1); };
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i0 = 0; i0 < count; i0 += kBlock) {
       const int64_t outputs = std::min(kBlock, count - i0);
-      const uint16_t* base = src + r * src_ld + i0 * step;
+      const T* base = src + r * src_ld + i0 * step;
       const int64_t span = (outputs - 1) * step + 1;  // source elements this block reads
       __m512i out = _mm512_setzero_si512();
-      for (int64_t p = 0; p < step && p * kBlock < span; ++p)
-        out = _mm512_mask_permutexvar_epi16(out, lanes_from[p], lane_of[p],
-                                            _mm512_maskz_loadu_epi16(first(span - p * kBlock), base + p * kBlock));
-      _mm512_mask_storeu_epi16(dst + r * dst_ld + i0, first(outputs), out);
+      for (int64_t p = 0; p < step && p * kBlock < span; ++p) {
+        if constexpr (sizeof(T) == 2)
+          out = _mm512_mask_permutexvar_epi16(out, lanes_from[p], lane_of[p],
+                                              _mm512_maskz_loadu_epi16(first(span - p * kBlock), base + p * kBlock));
+        else
+          out = _mm512_mask_permutexvar_epi32(out, lanes_from[p], lane_of[p],
+                                              _mm512_maskz_loadu_epi32(first(span - p * kBlock), base + p * kBlock));
+      }
+      if constexpr (sizeof(T) == 2)
+        _mm512_mask_storeu_epi16(dst + r * dst_ld + i0, first(outputs), out);
+      else
+        _mm512_mask_storeu_epi32(dst + r * dst_ld + i0, first(outputs), out);
     }
 }
 
@@ -558,8 +572,9 @@ inline bool split_impl(const uint16_t* half, int64_t count, uint16_t* high, uint
 
 #else
 
-inline void gather_impl(const uint16_t* src, int64_t src_ld, int64_t step, uint16_t* dst, int64_t dst_ld,
-                        int64_t count, int64_t rows) {
+template <typename T>
+inline void gather_of(const T* src, int64_t src_ld, int64_t step, T* dst, int64_t dst_ld, int64_t count,
+                      int64_t rows) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < count; ++i) dst[r * dst_ld + i] = src[r * src_ld + i * step];
 }
@@ -721,6 +736,14 @@ void transpose_of(const T* src, int64_t src_ld, T* dst, int64_t dst_ld, int64_t 
         transpose_edge_block(from, src_ld, to, dst_ld, std::min(kColumnBlock, columns - c0),
                              std::min(kRowBlock, rows - r0));
     }
+}
+
+inline void gather_impl(const void* src, int64_t src_ld, int64_t step, void* dst, int64_t dst_ld, int64_t count,
+                        int64_t rows, int64_t element_size) {
+  if (element_size == 4)
+    gather_of(static_cast<const uint32_t*>(src), src_ld, step, static_cast<uint32_t*>(dst), dst_ld, count, rows);
+  else
+    gather_of(static_cast<const uint16_t*>(src), src_ld, step, static_cast<uint16_t*>(dst), dst_ld, count, rows);
 }
 
 inline void transpose_impl(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64_t columns, int64_t rows,
