@@ -1,6 +1,10 @@
-"""Edge cases found in review: padding-only kernel taps, size overflow, argument
-types, vmap over an empty batch, the weights op's names in messages, and the
+"""Edge cases found in review: padding-only kernel taps, problems oneDNN gets wrong, size
+overflow, argument types, vmap over an empty batch, the weights op's names in messages, and the
 backward with a shape tensor under torch.compile."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -72,6 +76,85 @@ def test_padded_3d_bf16_problems_through_aten_match_the_reference(problem, data_
         with torch_convgrad.use_algorithm(algorithm):
             got = getattr(torch_convgrad, op)(x, dy, filter_shape, **kwargs)
         torch.testing.assert_close(got.double(), expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+
+
+# (input_forward NCX shape, output_delta channels, kernel, strides, dilations, pads_begin, pads_end,
+# groups). oneDNN's CPU weight gradient (torch 2.13, Sapphire Rapids) got each of these wrong in
+# float32 with its padding passed to it, channels-last: garbage or infinities every time, a heap
+# corrupted (glibc aborted the process at a later free), and a call that did not return.
+PADDED_3D_PROBLEMS = {
+    "garbage": ((4, 16, 7, 5, 3), 50, [7, 2, 2], [2, 1, 2], [1, 3, 1], [3, 1, 0], [3, 2, 1], 2),
+    "heap-corrupted": ((3, 24, 3, 4, 6), 21, [5, 2, 5], [2, 1, 2], [1, 2, 1], [3, 0, 2], [3, 0, 2], 3),
+    "never-returned": ((2, 9, 4, 8, 8), 3, [7, 2, 2], [3, 1, 1], [1, 3, 1], [4, 2, 1], [4, 2, 1], 1),
+}
+
+# Runs in a child process, under glibc's heap checks: every PADDED_3D_PROBLEMS problem through
+# ATen's algorithms, in both layouts, f32 and bf16, against the float64 reference.
+PADDED_3D_CHILD = """
+import sys, torch, torch_convgrad
+from torch_convgrad import reference
+problems = eval(sys.argv[1])
+for shape, delta_channels, kernel, strides, dilations, pads_begin, pads_end, groups in problems:
+    delta_size = [(size + b + e - (k - 1) * d - 1) // s + 1
+                  for size, b, e, k, d, s in zip(shape[2:], pads_begin, pads_end, kernel, dilations, strides)]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=generator, dtype=torch.float64)
+    dy = torch.randn(shape[0], delta_channels, *delta_size, generator=generator, dtype=torch.float64)
+    for data_format in ("NXC", "NCX"):
+        xs, dys = (x.movedim(1, -1).contiguous(), dy.movedim(1, -1).contiguous()) if data_format == "NXC" else (x, dy)
+        kwargs = dict(strides=strides, dilations=dilations, pads_begin=pads_begin, pads_end=pads_end,
+                      groups=groups, data_format=data_format, filter_format="OIX")
+        filter_shape = [delta_channels, shape[1] // groups, *kernel]
+        expected = reference.conv_backprop_filters(xs, dys, filter_shape, **kwargs)
+        for dtype, tolerance in ((torch.float32, 1e-4), (torch.bfloat16, 2e-2)):
+            for algorithm in ("aten", "aten_channels_last", "aten_channels_first"):
+                for _ in range(3):
+                    with torch_convgrad.use_algorithm(algorithm):
+                        got = torch_convgrad.conv_backprop_filters(xs.to(dtype), dys.to(dtype), filter_shape, **kwargs)
+                    error = ((got.double() - expected).abs().max() / expected.abs().max()).item()
+                    assert error < tolerance, (shape, data_format, dtype, algorithm, error)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("problem", PADDED_3D_PROBLEMS.values(), ids=PADDED_3D_PROBLEMS.keys())
+def test_padded_3d_problems_through_aten_match_the_reference(problem):
+    """The aten algorithms give oneDNN 3-D problems with their padding materialised."""
+    env = dict(os.environ, GLIBC_TUNABLES="glibc.malloc.check=3")
+    child = subprocess.run([sys.executable, "-c", PADDED_3D_CHILD, repr([problem])], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert child.returncode == 0 and child.stdout.strip() == "ok", (child.returncode, child.stderr[-2000:])
+
+
+# op, (input_forward NCX shape, output_delta channels, kernel, dilations, pads): grouped bf16 with
+# a dilated kernel, which oneDNN's bf16 weight gradient got wrong on channels-last data (garbage
+# or NaN every time; torch 2.13, Sapphire Rapids), a 1x1 kernel's dilation included.
+DILATED_GROUPED_BF16_PROBLEMS = {
+    "depthwise-3x3": ("conv_backprop_filters", (2, 16, 28, 31), 16, [3, 3], [2, 1], [2, 1]),
+    "depthwise-3x3-both-axes": ("conv_backprop_filters", (2, 16, 28, 31), 16, [3, 3], [2, 2], [2, 2]),
+    "transposed-depthwise-1x1": ("conv_transpose_backprop_filters", (4, 33, 28, 31), 33, [1, 1], [2, 1], [0, 0]),
+}
+
+
+@pytest.mark.parametrize("algorithm", ["aten", "aten_channels_last", None])
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("problem", DILATED_GROUPED_BF16_PROBLEMS.values(), ids=DILATED_GROUPED_BF16_PROBLEMS.keys())
+def test_dilated_grouped_bf16_problems_through_aten_match_the_reference(problem, data_format, algorithm):
+    op, shape, delta_channels, kernel, dilations, pads = problem
+    groups = shape[1]
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(shape, generator=generator).to(torch.bfloat16)
+    dy = torch.randn(shape[0], delta_channels, *shape[2:], generator=generator).to(torch.bfloat16)
+    if data_format == "NXC":
+        x, dy = x.movedim(1, -1).contiguous(), dy.movedim(1, -1).contiguous()
+    transposed = op == "conv_transpose_backprop_filters"
+    filter_shape = [shape[1], delta_channels // groups, *kernel] if transposed else [delta_channels, 1, *kernel]
+    kwargs = dict(dilations=dilations, pads_begin=pads, pads_end=pads, groups=groups, data_format=data_format,
+                  filter_format="IOX" if transposed else "OIX")
+    expected = getattr(reference, op)(x, dy, filter_shape, **kwargs)
+    with torch_convgrad.use_algorithm(algorithm):
+        got = getattr(torch_convgrad, op)(x, dy, filter_shape, **kwargs)
+    torch.testing.assert_close(got.double(), expected, rtol=0, atol=2e-2 * expected.abs().max().item())
 
 
 @pytest.mark.parametrize("attribute", ["strides", "dilations", "pads_begin", "pads_end"])

@@ -70,19 +70,56 @@ bool has_padding_only_tap(int64_t size, int64_t pad_begin, int64_t windows, int6
   return false;
 }
 
-// Whether a problem on `input` gets its padding materialised where some axis's
-// input is no longer than its dilated kernel: bf16 on the CPU, which ATen
-// hands to oneDNN. oneDNN's bf16 kernel for AVX-512 CPUs without AMX tiles
-// (jit avx512_core_bf16; torch 2.13, oneDNN 3.12) got 8 of 2965 and 10 of
-// 1738 random small padded problems of every rank and layout wrong on an AMD
-// EPYC (Zen 4), with garbage or uninitialised entries, each with such an
-// axis; and every time some 3-D ones (a depth-3 kernel padded by 1 on an
-// input of depth 2). Of 6000 random problems whose every axis was longer,
-// none was wrong, nor of 1738 with their padding materialised. On other CPUs
-// oneDNN can fall back to that kernel, and the copy is of the smallest inputs.
-bool materialises_padding_within_kernel(const at::Tensor& input) {
-  return input.is_cpu() && input.scalar_type() == at::kBFloat16;
+// Whether an axis of an input `size` long, with `pad` on either side, is one
+// oneDNN's CPU weight gradient gets wrong in 3-D problems (materialises_padding):
+// its input no longer than the dilated kernel `extent`, or more than half of
+// the kernel's reach padded.
+bool misread_3d_axis(int64_t size, int64_t pad, int64_t extent) { return size <= extent || 2 * pad > extent - 1; }
+
+// Whether a problem on `input` of `rank` spatial axes gets all its padding
+// materialised, ATen given none, where oneDNN's CPU weight gradient gets
+// padded problems wrong:
+//   - 3-D, every dtype, where some axis is misread (misread_3d_axis; torch
+//     2.13, oneDNN 3.12; Sapphire Rapids, 2026-11-28): of 40503 random small
+//     padded 3-D problems, float32 and bf16, both layouts, given their
+//     padding, 52 returned garbage, infinities or NaN, 8 corrupted the heap
+//     (glibc aborted, at once or at a later free) and one did not return; 60
+//     of the 61 had an axis no longer than its dilated kernel, the other a
+//     kernel of 7 padded by 4 (a 7x2x2 kernel padded (3, 1, 0) with strides
+//     (2, 1, 2) on a 7x5x3 input failed every time). None of 20000 without
+//     such an axis failed, nor of 8000 with their padding materialised, nor
+//     of 20000 1-D and 2-D float32 ones given their padding. Materialised
+//     always, the benchmark's 3-D layer (3x3x3, padded by 1) ran 1.2x (NXC)
+//     and 1.8x (NCX) as long in bf16: oneDNN ran slower unpadded.
+//   - bf16 where some axis's input is no longer than its dilated kernel
+//     (`input_within_kernel`): oneDNN's bf16 kernel for AVX-512 CPUs without
+//     AMX tiles (jit avx512_core_bf16; torch 2.13, oneDNN 3.12) got 8 of 2965
+//     and 10 of 1738 random small padded problems of every rank and layout
+//     wrong on an AMD EPYC (Zen 4), with garbage or uninitialised entries,
+//     each with such an axis, and 2-D ones on the Sapphire Rapids too (16 of
+//     4500, 2026-11-28). Of 6000 random problems whose every axis was longer,
+//     none was wrong, nor of 1738 with their padding materialised. On other
+//     CPUs oneDNN can fall back to that kernel, and the copy is of the
+//     smallest inputs.
+bool materialises_padding(const at::Tensor& input, int64_t rank, bool misread_3d, bool input_within_kernel) {
+  return input.is_cpu() && ((rank == 3 && misread_3d) || (input_within_kernel && input.scalar_type() == at::kBFloat16));
 }
+
+// Whether oneDNN's bf16 weight gradient is trusted with a CPU problem: its
+// grouped kernel on channels-last data with a dilated kernel returned garbage
+// or NaN (torch 2.13, oneDNN 3.12; Sapphire Rapids, 2026-11-28): a 3x3
+// depthwise layer of 16 channels dilated (2, 1) on 28x31 maps every time
+// (not on 16x16), 1 of 295 random dilated channels-last depthwise problems,
+// none of 288 channels-first ones or of 281 dense or grouped channels-last
+// ones. Such problems go to oneDNN as float32 copies, which it got right.
+bool onednn_takes_bf16(bool channels_last, int64_t groups, c10::IntArrayRef kernel, c10::IntArrayRef dilation) {
+  bool dilated = false;
+  for (size_t axis = 0; axis < kernel.size(); ++axis) dilated |= kernel[axis] > 1 && dilation[axis] > 1;
+  return !(channels_last && groups > 1 && dilated);
+}
+
+// Whether ATen takes the data as channels-last (by its channel stride alone).
+bool is_channels_last(const at::Tensor& ncx) { return ncx.dim() < 3 || ncx.stride(1) == 1 || ncx.size(1) == 1; }
 
 // Whether oneDNN runs bf16 on the CPU's own bf16 products (AVX-512 BF16's
 // dot products or AMX tiles). Without them it emulates them: on an Intel
@@ -103,6 +140,11 @@ bool accumulates_in_float32(const at::Tensor& input, const at::Tensor& weight, c
                             c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, int64_t groups) {
   using at::native::ConvBackend;
   if (input.is_cpu() && (input.scalar_type() == at::kHalf || !runs_bf16_natively(input))) return false;
+  if (input.is_cpu() && input.scalar_type() == at::kBFloat16) {
+    std::vector<int64_t> dilations;
+    for (const c10::SymInt& value : dilation) dilations.push_back(value.expect_int());
+    if (!onednn_takes_bf16(is_channels_last(input), groups, weight.sizes().slice(2), dilations)) return false;
+  }
   const std::vector<c10::SymInt> no_output_padding(stride.size(), 0);
   switch (at::native::select_conv_backend(input, weight, std::nullopt, stride, padding, dilation,
                                           /*transposed=*/false, no_output_padding, groups, std::nullopt)) {
@@ -217,7 +259,7 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
   const auto reach = problem.window_reach();
   const int64_t rank = problem.spatial_rank();
   std::vector<c10::SymInt> padding(rank), excess_begin(rank), excess_end(rank);
-  bool padding_only_tap = false, input_within_kernel = false;
+  bool padding_only_tap = false, input_within_kernel = false, misread_3d = false;
   for (int64_t axis = 0; axis < rank; ++axis) {
     const c10::SymInt& pad_begin = problem.pad_begin[axis];
     const c10::SymInt size = input.sym_size(2 + axis);
@@ -239,12 +281,14 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
       excess_end[axis] = pad_end - padding[axis];
     }
     input_within_kernel |= input.sym_size(2 + axis) <= problem.dilated_kernel_size(axis);
+    misread_3d |= misread_3d_axis(input.size(2 + axis), padding[axis].expect_int(),
+                                  problem.dilated_kernel_size(axis).expect_int());
     padding_only_tap |= has_padding_only_tap(used.expect_int(), pad_begin.expect_int(),
                                              grad_output.sym_size(2 + axis).expect_int(),
                                              problem.kernel_size[axis].expect_int(), problem.stride[axis],
                                              problem.dilation[axis]);
   }
-  if (padding_only_tap || (input_within_kernel && materialises_padding_within_kernel(input))) {
+  if (padding_only_tap || materialises_padding(input, rank, misread_3d, input_within_kernel)) {
     for (int64_t axis = 0; axis < rank; ++axis) {
       excess_begin[axis] += padding[axis];
       excess_end[axis] += padding[axis];
@@ -256,6 +300,10 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
 
   auto stride = symint_vector(problem.stride);
   auto dilation = symint_vector(problem.dilation);
+  // A one-tap axis's dilation changes nothing but oneDNN's kernel, whose bf16
+  // grouped one it breaks (onednn_takes_bf16, which counts only longer axes).
+  for (int64_t axis = 0; axis < rank; ++axis)
+    if (problem.kernel_size[axis] == 1) dilation[axis] = 1;
   auto weight_shape = problem.canonical_shape();
   // ATen runs a 1-D convolution as a 2-D one on a contiguous copy of its
   // data; lifting it here as a view keeps channels-last (NXC) data zero-copy.
@@ -325,9 +373,6 @@ at::Tensor run_aten(const Problem& problem, const at::Tensor& input, const at::T
                     c10::IntArrayRef memory_to_ncx) {
   return problem.finish(canonical_in_pieces(problem, input, grad_output, memory_to_ncx));
 }
-
-// Whether ATen takes the data as channels-last (by its channel stride alone).
-bool is_channels_last(const at::Tensor& ncx) { return ncx.dim() < 3 || ncx.stride(1) == 1 || ncx.size(1) == 1; }
 
 bool supports_everything(const Problem&) { return true; }
 
@@ -625,6 +670,13 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
                                                                       : avx2_cpu_seconds(problem, g, nxc);
   // float64 products at half the float32 rate (depthwise is counted in bytes).
   if (problem.input.scalar_type() == at::kDouble && !depthwise) onednn_seconds *= 2;
+  // A 3-D problem's padding materialised (materialises_padding): its input
+  // read and written again, about the size it is.
+  bool misread_3d = false;
+  for (int64_t axis = 0; axis < 3; ++axis)
+    misread_3d |= misread_3d_axis(g.in[axis], g.pad_begin[axis], (g.kernel[axis] - 1) * g.dilation[axis] + 1);
+  if (problem.spatial_rank() == 3 && misread_3d)
+    copy_bytes += 2.0 * g.batch * g.in_channels * g.in[0] * g.in[1] * g.in[2] * element_size;
   double seconds = 25e-6 + copy_bytes / 6e9 + onednn_seconds;
   // The float32 copies of f16 (and of bf16 where oneDNN does not take it):
   // 21-36 GB/s (bytes written, twice) on the Sapphire Rapids; on the Zen 4
@@ -636,7 +688,9 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   // (2 threads, interleaved, 2026-11-27). An earlier calibration's added fifth
   // of oneDNN's time overcounted each by 1-4 ms, and gemm ran in its stead on
   // ResNet-50's 3x3 64-channel layer at 0.82-0.85 times aten's speed.
-  const bool converts = problem.input.scalar_type() == at::kHalf || !runs_bf16_natively(problem.input);
+  const bool converts = problem.input.scalar_type() == at::kHalf || !runs_bf16_natively(problem.input) ||
+                        (problem.input.scalar_type() == at::kBFloat16 &&
+                         !onednn_takes_bf16(nxc, g.groups, g.kernel, g.dilation));
   const double convert_bytes_per_second = calibration == CpuCalibration::Avx512Amx    ? 25e9
                                           : calibration == CpuCalibration::Avx512Bf16 ? 80e9
                                           : calibration == CpuCalibration::Avx512     ? 20e9
