@@ -5,16 +5,18 @@ an invalid one (one attribute broken on purpose) raises ValueError or TypeError,
 never another exception or a crash; and the fake (Meta) kernel agrees with the
 real one: the same shape and strides, or the same exception type.
 
-The suite's profile runs 300 examples; ``make fuzz`` runs 20,000
+Medium-sized valid problems (past the kernels' vectors and tiles) get a fifth of the examples:
+oneDNN's CPU bugs that the aten algorithms now steer around (aten.cpp) showed at such sizes.
+The suite's profile runs 300 examples (60 medium); ``make fuzz`` runs 20,000 (4,000 medium)
 (``--hypothesis-profile=fuzz``; both are registered in conftest.py).
 """
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import torch_convgrad
-from conftest import REF, assert_matches_ref, data_shape
+from conftest import REF, assert_matches_ref, data_shape, with_layout
 
 FORMATS = {"filters": ["XIO", "OIX"], "transpose": ["XIO", "OIX", "IOX", "XOI"]}
 # How each mutation breaks a valid problem, and the exception it must raise.
@@ -29,24 +31,34 @@ MUTATIONS = {
 
 
 @st.composite
-def problems(draw):
-    """A consistent problem: (op, x NCX shape, dy NCX shape, filter shape, attributes, dtype)."""
+def problems(draw, medium=False):
+    """A consistent problem: (op, x NCX shape, dy NCX shape, filter shape, attributes, dtype).
+
+    ``medium``: sizes past the kernels' vector widths and tiles (up to 48 channels a group, maps of
+    40x40, kernels of 7, pads of 4), where the small ones stay inside a vector."""
     op = draw(st.sampled_from(["filters", "transpose"]))
     rank = draw(st.integers(1, 3))
     groups = draw(st.integers(1, 3))
-    c = groups * draw(st.integers(1, 3))
-    o = groups * draw(st.integers(1, 3))
+    per_group = st.integers(1, 48) if medium else st.integers(1, 3)
+    if medium and draw(st.booleans()):  # depthwise
+        groups = draw(st.integers(2, 40))
+        c, o = groups, groups * draw(st.integers(1, 2))
+    else:
+        c = groups * draw(per_group)
+        o = groups * draw(per_group)
     n = draw(st.integers(0, 3))
-    ks = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
-    s = draw(st.lists(st.integers(1, 3), min_size=rank, max_size=rank))
-    d = draw(st.lists(st.integers(1, 2), min_size=rank, max_size=rank))
+    ks = draw(st.lists(st.sampled_from([1, 2, 3, 5, 7]) if medium else st.integers(1, 3), min_size=rank,
+                       max_size=rank))
+    s = draw(st.lists(st.integers(1, 4 if medium else 3), min_size=rank, max_size=rank))
+    d = draw(st.lists(st.integers(1, 3 if medium else 2), min_size=rank, max_size=rank))
     auto_pad = draw(st.sampled_from(["explicit", "same_upper", "same_lower", "valid"]))
     eff = [(k - 1) * dil + 1 for k, dil in zip(ks, d)]
-    limit = {1: 12, 2: 7, 3: 5}[rank]
+    limit = ({1: 200, 2: 40, 3: 12} if medium else {1: 12, 2: 7, 3: 5})[rank]
     big = [draw(st.integers(1, limit)) for _ in range(rank)]
     if auto_pad == "explicit":
-        pb = draw(st.lists(st.integers(0, 2), min_size=rank, max_size=rank))
-        pe = draw(st.lists(st.integers(0, 2), min_size=rank, max_size=rank))
+        pad = st.integers(0, 4 if medium else 2)
+        pb = draw(st.lists(pad, min_size=rank, max_size=rank))
+        pe = draw(st.lists(pad, min_size=rank, max_size=rank))
         big = [max(b, e - p - q) for b, e, p, q in zip(big, eff, pb, pe)]
     elif auto_pad == "valid":
         pb = pe = [0] * rank
@@ -69,7 +81,7 @@ def problems(draw):
         channels = {"I": c, "O": o // groups}
         attrs["filter_format"] = fmt
     shape = [size for letter in fmt for size in (ks if letter == "X" else [channels[letter]])]
-    dtype = draw(st.sampled_from([torch.float64, torch.float32, torch.bfloat16]))
+    dtype = draw(st.sampled_from([torch.float64, torch.float32, torch.bfloat16] + ([torch.float16] if medium else [])))
     return op, x_shape, dy_shape, shape, attrs, dtype
 
 
@@ -160,3 +172,22 @@ def test_random_attribute_sets(problem, algorithm, mutation):
     reference_function = REF.conv_backprop_filters if op == "filters" else REF.conv_transpose_backprop_filters
     reference = reference_function(x, dy, shape, **attrs)
     assert_matches_ref(real, reference, dtype)
+
+
+# A fifth of the profile's examples: each takes longer.
+@settings(max_examples=max(1, settings.default.max_examples // 5))
+@given(problem=problems(medium=True), algorithm=st.sampled_from([None, *torch_convgrad.algorithm_names()]),
+       strided_views=st.booleans())
+def test_random_medium_problems(problem, algorithm, strided_views):
+    """Valid problems of medium size, in every dtype, through every algorithm, against the
+    float64 reference; with ``strided_views``, the data are views of every other element of
+    buffers poisoned with NaN."""
+    op, x_shape, dy_shape, shape, attrs, dtype = problem
+    x = _data(x_shape, attrs["data_format"], dtype, "cpu", 1)
+    dy = _data(dy_shape, attrs["data_format"], dtype, "cpu", 2)
+    if strided_views:
+        x, dy = with_layout(x, "sliced"), with_layout(dy, "sliced")
+    with torch_convgrad.use_algorithm(algorithm):
+        real = _call(op, x, dy, shape, attrs)
+    reference_function = REF.conv_backprop_filters if op == "filters" else REF.conv_transpose_backprop_filters
+    assert_matches_ref(real, reference_function(x, dy, shape, **attrs), dtype)
