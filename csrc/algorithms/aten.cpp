@@ -102,7 +102,8 @@ bool misread_3d_axis(int64_t size, int64_t pad, int64_t extent) { return size <=
 //     CPUs oneDNN can fall back to that kernel, and the copy is of the
 //     smallest inputs.
 bool materialises_padding(const at::Tensor& input, int64_t rank, bool misread_3d, bool input_within_kernel) {
-  return input.is_cpu() && ((rank == 3 && misread_3d) || (input_within_kernel && input.scalar_type() == at::kBFloat16));
+  return input.is_cpu() &&
+         ((rank == 3 && misread_3d) || (input_within_kernel && input.scalar_type() == at::kBFloat16));
 }
 
 // Whether oneDNN's bf16 weight gradient is trusted with a CPU problem: its
@@ -281,7 +282,7 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
       excess_end[axis] = pad_end - padding[axis];
     }
     input_within_kernel |= input.sym_size(2 + axis) <= problem.dilated_kernel_size(axis);
-    misread_3d |= misread_3d_axis(input.size(2 + axis), padding[axis].expect_int(),
+    misread_3d |= misread_3d_axis(input.sym_size(2 + axis).expect_int(), padding[axis].expect_int(),
                                   problem.dilated_kernel_size(axis).expect_int());
     padding_only_tap |= has_padding_only_tap(used.expect_int(), pad_begin.expect_int(),
                                              grad_output.sym_size(2 + axis).expect_int(),
