@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import torch_convgrad
-from conftest import REF, assert_matches_ref, data_shape, rand, requires_cuda
+from conftest import REF, assert_matches_ref, data_shape, rand, requires_cuda, with_layout
 
 NAMES = torch_convgrad.algorithm_names()
 
@@ -122,6 +122,44 @@ def test_gemm_tiles_that_span_taps(dtype, channels, groups, stride):
     out, ran = run("gemm", *problem)
     assert ran == "gemm"
     assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
+
+
+# On AVX2 the fused kernel converts f16/bf16 channels-last A a region a chunk
+# (each row that some tap of the block reads, the block's columns) instead of
+# packing it per tile: blocks that start or end inside a tap (40 channels: 6-row
+# tiles, blocks of at most 192 rows of A), a block of some of a 1x1 layer's
+# 400 channels, the 1-D layer's input read in place (taps 32 channels apart in
+# rows of 5 pixels, so a tap's channels start mid-row), groups, 3-D, stride-2
+# phase planes, and NaN-poisoned strided views (the region converts the NaN
+# between the view's elements, which no product may read). The AVX-512 build
+# packs these, so they cover it too.
+GEMM_REGION_CASES = {
+    # name: (n, c, o, size, kernel, attributes)
+    "taps-cut-by-blocks": (2, 40, 24, (9, 11), (3, 3), dict(pads_begin=1, pads_end=1)),
+    "1x1-400-channels": (2, 400, 20, (5, 6), (1, 1), {}),
+    "1-D-in-place": (2, 32, 16, (203,), (10,), dict(strides=5)),
+    "groups": (2, 12, 8, (7, 9), (3, 3), dict(pads_begin=(0, 1), pads_end=(2, 1), groups=2)),
+    "3-D": (2, 8, 8, (3, 4, 5), (3, 3, 3), dict(pads_begin=1, pads_end=1)),
+    "stride-2": (2, 16, 8, (9, 10), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("view", ["contiguous", "sliced"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", list(GEMM_REGION_CASES))
+def test_gemm_converts_low_precision_regions(case, dtype, view):
+    n, c, o, size, kernel, attributes = GEMM_REGION_CASES[case]
+    x = rand(data_shape(n, c, size, "NXC"), dtype, seed=29)
+    dy = rand(data_shape(n, o, output_size(size, kernel, attributes), "NXC"), dtype, seed=30)
+    if view == "sliced":
+        x, dy = with_layout(x, "sliced"), with_layout(dy, "sliced")
+    groups = attributes.get("groups", 1)
+    shape = [o, c // groups, *kernel]
+    attributes = dict(attributes, data_format="NXC", filter_format="OIX")
+    result, ran = run("gemm", x, dy, shape, attributes)
+    assert ran == "gemm"
+    assert torch.isfinite(result).all()
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
 # A strided last axis whose taps read every phase keeps its phases side by

@@ -176,6 +176,8 @@ inline Vector load_as_float(const c10::BFloat16* p, int64_t count) {
 }
 #endif
 static_assert(kTileO == 2 * kLanes, "a tile's row of B is two vectors");
+// Whether f16/bf16 channels-last A is converted a region a chunk (block_of).
+constexpr bool kConvertsRegion = kLanes == 8;
 
 // out[i][j] (+)= sum_{r < rows} a[i][r * lda] * slab[r][j] for i < kM,
 // j < width (<= kTileO); `zero` starts from 0 instead of out. B is read from
@@ -342,6 +344,14 @@ class RowRuns {
 // converts it once a tap, element by element. Rows of a_positions
 // positions read zero outside them: chunks that reach past either end are
 // read from runs in float32 too.
+//
+// The AVX2 build converts f16/bf16 A laid out channels-last (one pointer's
+// taps whole rows apart) a chunk at a time instead of packing it: the block's
+// channels of every row some tap reads, once, into a float32 region that
+// the tiles then read as float32 A in place (ConvertedRegion). A 3x3 kernel
+// reads each element for 9 taps, so packing converted it 9 times (element
+// by element, 6 to a tile's row), once for every 4 slabs of B that 64 output
+// channels give. The AVX-512 build was not measured so and keeps packing.
 template <typename T>
 void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows,
               bool pack_a) {
@@ -375,6 +385,28 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
     run_offsets[m - m_begin] = (channel - channel_begin) * run_pitch + args.offsets[tap] - lowest;
     if (++channel == args.channels_a) channel = 0, ++tap;
   }
+  // The region: where m's element in the chunk's row 0 lies from A's lowest
+  // tap there, as whole rows (q) and a column, for rows [0, rows + most
+  // rows) and the columns any m reads. It reads only A between the block's
+  // first and last element (one allocation), zero around; where it converts
+  // no more elements than packing would, it is used.
+  bool converts_region = kConvertsRegion && !std::is_same_v<T, float> && args.a_channel_stride == 1 && !bounded;
+  int64_t most_rows = 0, first_column = args.lda, end_column = 0;
+  int64_t least_offset = m_offsets[0], most_offset = m_offsets[0];
+  for (int64_t i = 0; converts_region && i < m_end - m_begin; ++i) {
+    const int64_t from_lowest = m_offsets[i] - lowest;
+    most_rows = std::max(most_rows, from_lowest / args.lda);
+    first_column = std::min(first_column, from_lowest % args.lda);
+    end_column = std::max(end_column, from_lowest % args.lda + 1);
+    least_offset = std::min(least_offset, m_offsets[i]);
+    most_offset = std::max(most_offset, m_offsets[i]);
+  }
+  const int64_t region_width = end_column - first_column;
+  // Row pitches of a multiple of 2 KiB alias in L1 and L2 (kAliasingLda, tap_gemm.cpp).
+  const int64_t region_pitch = region_width % 512 == 0 ? region_width + 16 : region_width;
+  converts_region = converts_region && (chunk_rows + most_rows) * region_width <= (m_end - m_begin) * chunk_rows;
+  pack_a = pack_a && !converts_region;
+  LineAlignedBuffer<float> region(converts_region ? (chunk_rows + most_rows) * region_pitch : 0);
   for (int64_t r0 = 0; r0 < args.rows; r0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, args.rows - r0);
     const bool zero = r0 == 0 && !args.accumulate;
@@ -405,6 +437,27 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
         std::fill(target + end, target + count, 0.0f);
       }
       for (int64_t i = 0; i < m_end - m_begin; ++i) a_tiles[i] = runs.data() + run_offsets[i];
+    } else if (converts_region) {
+      // Region element (q, column) is A's element at `from`; elements outside [begin, end) are not read.
+      const int64_t from = r0 * args.lda + lowest + first_column;
+      const int64_t begin = r0 * args.lda + least_offset, end = (r0 + rows - 1) * args.lda + most_offset + 1;
+      for (int64_t q = 0; q < rows + most_rows; ++q) {
+        const int64_t row_from = from + q * args.lda;
+        const int64_t lo = std::clamp<int64_t>(begin - row_from, 0, region_width);
+        const int64_t hi = std::clamp<int64_t>(end - row_from, lo, region_width);
+        const T* source = a_data + row_from;
+        float* target = region.data() + q * region_pitch;
+        std::fill(target, target + lo, 0.0f);
+        int64_t e = lo;
+        for (; e + kLanes <= hi; e += kLanes) store(target + e, load_as_float(source + e));
+        for (; e < hi; ++e) target[e] = to_float(source[e]);
+        std::fill(target + hi, target + region_width, 0.0f);
+      }
+      for (int64_t i = 0; i < m_end - m_begin; ++i) {
+        const int64_t from_lowest = m_offsets[i] - lowest;
+        a_tiles[i] = region.data() + from_lowest / args.lda * region_pitch + from_lowest % args.lda - first_column;
+      }
+      lda = region_pitch;
     } else if (pack_a) {
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const T* const* source = a.data() + tile * kTileM;
