@@ -39,6 +39,8 @@ AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 AMX = AVX512 and torch.cpu._is_amx_tile_supported()
 # AVX-512 BF16's bf16 dot products.
 AVX512_BF16 = AVX512 and torch.cpu._is_avx512_bf16_supported()
+# Where depthwise channels-first planes of 3 taps along the row run on float row tiles.
+FLOAT_ROWS = AVX512 and (AMX or not AVX512_BF16)
 
 
 def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16, size=(10, 11)):
@@ -1407,7 +1409,13 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     zeros (rows read in place mask it off): an infinity or NaN in the input's first or last
     column or last row reaches only the taps that read it, and one in the output gradient's corners
     meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
-    with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs)."""
+    with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs).
+
+    Where the float row tiles do not run (AVX2 CPUs, AVX-512 BF16 without AMX), the channels-last
+    kernel's transposition takes these planes; it skips the input rows that lie in the padding, as
+    ATen does, so the output gradient's corners are not checked there."""
+    if holder == "dy" and not FLOAT_ROWS:
+        pytest.skip("the float row tiles run on AVX-512 CPUs without bf16 products and AMX CPUs only")
     x = rand(data_shape(2, 16, (21, 36), "NCX"), dtype, seed=63)
     dy = rand(data_shape(2, 16, output_size((21, 36), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
                          "NCX"), dtype, seed=64)
