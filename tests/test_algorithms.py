@@ -1486,6 +1486,35 @@ def test_cascade_lake_picks(data_format, dtype, c, o, size, kernel, attributes, 
     assert run(None, x, dy, [o, c, kernel, kernel], dict(attributes, data_format=data_format, filter_format="OIX"))[1] == pick
 
 
+# The AVX2 calibration's picks on the benchmark's layers, each measured faster in two runs of
+# benchmarks/forced_algorithms.py on an AMD EPYC (Zen 3, 2 threads, 2026-12-01): gemm for the 1-D
+# layer's channels-first f32 data (5.1-7.2 ms against oneDNN's 8.0-11.0), U-Net's (5.7-6.2
+# against 6.6-7.1), the 1x1 64 -> 256 (7.8-8.8 against 11.4-12.1) and the 3x3 64-channel
+# channels-last layers (18.1 against 34.2); oneDNN for the 3x3 256-channel (21.1-22.4 against
+# 23.6-24.7) and DCGAN's channels-first layers (18.3-24.5 against 21.6-27.9).
+AVX2_PICKS = [
+    # (layer name's start, layout, dtype, pick)
+    ("audio 1-D", "NCX", "f32", "gemm"),
+    ("unet convT", "NCX", "f32", "gemm"),
+    ("resnet50 1x1 64->256", "NCX", "f32", "gemm"),
+    ("resnet50 3x3 64ch", "NXC", "f32", "gemm"),
+    ("resnet50 3x3 256ch", "NCX", "f32", "aten"),
+    ("dcgan convT", "NCX", "f32", "aten"),
+]
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX2", reason="the calibration of AVX2 CPUs")
+@pytest.mark.parametrize("name,layout,dtype,pick", AVX2_PICKS)
+def test_avx2_picks(name, layout, dtype, pick):
+    from torch_convgrad import benchmark
+    case = next(case for case in benchmark.CASES if case.name.startswith(name))
+    problem = benchmark.Problem.make(case, case.ops[0], layout, benchmark.DTYPES[dtype], torch.device("cpu"),
+                                     torch.Generator().manual_seed(0))
+    with torch_convgrad.use_algorithm(None):
+        problem.ours()
+    assert torch_convgrad.last_algorithm() == pick
+
+
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_matmul_sums_bf16_in_float32(stride, data_format):

@@ -402,7 +402,10 @@ constexpr int64_t kManyPairs = 256 * 1024;
 // torch 2.13 on an AMD EPYC (Zen 3, 2 threads) over ResNet, U-Net, DCGAN,
 // audio and video layers: about 25 GMAC/s on NXC data and 40 on NCX, 1.5
 // times that with 256 channels a side, 15% less in 3-D; 1x1 at 60 (NXC) and
-// 34 (NCX), 25 with strides; depthwise at about 3 GB/s. bf16 and f16 run on
+// 34 (NCX), 25 with strides; depthwise at about 3 GB/s. With fewer channels
+// and strides that divide the kernel, NCX ran at 24-33 GMAC/s (2026-12-01:
+// the 1-D layer 8.0-11.0 ms, U-Net's transposed 2x2 6.6-7.1, where gemm took
+// 5.1-7.2 and 5.7-6.2; two runs of every algorithm forced). bf16 and f16 run on
 // float32 copies (their conversion is counted by the caller), about 15%
 // slower, half speed in 3-D NCX.
 double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
@@ -418,6 +421,8 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
                                             : 34e9);
   else if (std::max(g.in_channels, g.out_channels) / g.groups >= 256)
     macs_per_second *= 1.5;
+  else if (!nxc && strided && strides_divide_kernel(g))
+    macs_per_second *= 0.75;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
   if (problem.spatial_rank() == 3) macs_per_second *= reduced && !nxc ? 0.5 : 0.85;
   if (reduced) macs_per_second *= 0.85;

@@ -351,7 +351,9 @@ class RowRuns {
 // the tiles then read as float32 A in place (ConvertedRegion). A 3x3 kernel
 // reads each element for 9 taps, so packing converted it 9 times (element
 // by element, 6 to a tile's row), once for every 4 slabs of B that 64 output
-// channels give. The AVX-512 build was not measured so and keeps packing.
+// channels give. float32 A at a row stride that aliases (tap_gemm.cpp's
+// kAliasingLda) is copied into such a region too, at a pitch that does not.
+// The AVX-512 build was not measured so and keeps packing.
 template <typename T>
 void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows,
               bool pack_a) {
@@ -363,7 +365,6 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const int64_t slabs = (o_end - o_begin + kTileO - 1) / kTileO;
   const int64_t tiles = (m_end - m_begin + kTileM - 1) / kTileM;
   LineAlignedBuffer<float> packed_b(slabs * chunk_rows * kTileO);
-  LineAlignedBuffer<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
   std::vector<const T*> a(tiles * kTileM);        // this chunk's first row of each m in A
   std::vector<const float*> a_tiles(tiles * kTileM);  // the same rows as the tiles read them
   const int64_t first_tap = m_begin / args.channels_a, last_tap = (m_end - 1) / args.channels_a;
@@ -390,7 +391,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   // rows) and the columns any m reads. It reads only A between the block's
   // first and last element (one allocation), zero around; where it converts
   // no more elements than packing would, it is used.
-  bool converts_region = kConvertsRegion && !std::is_same_v<T, float> && args.a_channel_stride == 1 && !bounded;
+  bool converts_region = kConvertsRegion && pack_a && args.a_channel_stride == 1 && !bounded;
   int64_t most_rows = 0, first_column = args.lda, end_column = 0;
   int64_t least_offset = m_offsets[0], most_offset = m_offsets[0];
   for (int64_t i = 0; converts_region && i < m_end - m_begin; ++i) {
@@ -406,6 +407,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const int64_t region_pitch = region_width % 512 == 0 ? region_width + 16 : region_width;
   converts_region = converts_region && (chunk_rows + most_rows) * region_width <= (m_end - m_begin) * chunk_rows;
   pack_a = pack_a && !converts_region;
+  LineAlignedBuffer<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
   LineAlignedBuffer<float> region(converts_region ? (chunk_rows + most_rows) * region_pitch : 0);
   for (int64_t r0 = 0; r0 < args.rows; r0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, args.rows - r0);
