@@ -107,9 +107,13 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // they ran the channels-first layers 1.02-1.75 times as fast as none
   // (MobileNetV2 1.3-1.75 in f32, 1.16-1.36 in bf16/f16) and 1.0-1.3 times as
   // fast as all at once, ConvNeXt's channels-last ones 1.03-1.18 times and
-  // MobileNetV2's channels-last ones 0.91-1.05 times (three runs).
+  // MobileNetV2's channels-last ones 0.91-1.05 times (three runs). So spread,
+  // on the Zen 3 (2026-12-01, two runs, the order of the two swapped):
+  // MobileNetV2's 3x3 layer 1.21-1.50 times as fast channels-last and
+  // 1.58-1.73 channels-first, its stride-2 layer 1.0-1.5 and 1.2-1.63,
+  // ConvNeXt's 0.98-1.22 and 1.07-1.24.
   const CpuCalibration calibration = cpu_calibration();
-  args.prefetch_next_rows = calibration == CpuCalibration::Avx512Bf16 || calibration == CpuCalibration::Avx512;
+  args.prefetch_next_rows = calibration != CpuCalibration::Avx512Amx;
   // Channels-first planes of f32, bf16 and f16 on float row tiles
   // (channels_first's float_rows), against the channels-last kernel's
   // transposition. Where AVX-512 has no bf16 products (Intel Xeon, Cascade
