@@ -176,7 +176,7 @@ inline Vector load_as_float(const c10::BFloat16* p, int64_t count) {
 }
 #endif
 static_assert(kTileO == 2 * kLanes, "a tile's row of B is two vectors");
-// Whether f16/bf16 channels-last A is converted a region a chunk (block_of).
+// Whether A that block_of would pack is converted a region a chunk instead.
 constexpr bool kConvertsRegion = kLanes == 8;
 
 // out[i][j] (+)= sum_{r < rows} a[i][r * lda] * slab[r][j] for i < kM,
@@ -345,15 +345,25 @@ class RowRuns {
 // positions read zero outside them: chunks that reach past either end are
 // read from runs in float32 too.
 //
-// The AVX2 build converts f16/bf16 A laid out channels-last (one pointer's
-// taps whole rows apart) a chunk at a time instead of packing it: the block's
-// channels of every row some tap reads, once, into a float32 region that
-// the tiles then read as float32 A in place (ConvertedRegion). A 3x3 kernel
+// The AVX2 build converts f16/bf16 A laid out channels-last a chunk at a
+// time instead of packing it: the block's columns of every row some tap
+// reads, once, into a float32 region that the tiles then read as float32 A
+// in place. A 3x3 kernel
 // reads each element for 9 taps, so packing converted it 9 times (element
 // by element, 6 to a tile's row), once for every 4 slabs of B that 64 output
 // channels give. float32 A at a row stride that aliases (tap_gemm.cpp's
 // kAliasingLda) is copied into such a region too, at a pitch that does not.
 // The AVX-512 build was not measured so and keeps packing.
+// target[e] = source[e] as float32 for e in [begin, end), zero elsewhere in [0, count).
+template <typename T>
+inline void convert_span(const T* source, int64_t begin, int64_t end, int64_t count, float* target) {
+  std::fill(target, target + begin, 0.0f);
+  int64_t e = begin;
+  for (; e + kLanes <= end; e += kLanes) store(target + e, load_as_float(source + e));
+  for (; e < end; ++e) target[e] = to_float(source[e]);
+  std::fill(target + end, target + count, 0.0f);
+}
+
 template <typename T>
 void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin, int64_t o_end, int64_t chunk_rows,
               bool pack_a) {
@@ -409,6 +419,12 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   pack_a = pack_a && !converts_region;
   LineAlignedBuffer<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
   LineAlignedBuffer<float> region(converts_region ? (chunk_rows + most_rows) * region_pitch : 0);
+  // Where each m reads the region in its row 0, the same for every chunk.
+  std::vector<int64_t> region_offsets(converts_region ? m_end - m_begin : 0);
+  for (size_t i = 0; i < region_offsets.size(); ++i) {
+    const int64_t from_lowest = m_offsets[i] - lowest;
+    region_offsets[i] = from_lowest / args.lda * region_pitch + from_lowest % args.lda - first_column;
+  }
   for (int64_t r0 = 0; r0 < args.rows; r0 += chunk_rows) {
     const int64_t rows = std::min(chunk_rows, args.rows - r0);
     const bool zero = r0 == 0 && !args.accumulate;
@@ -431,12 +447,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
       const int64_t end = bounded ? std::clamp<int64_t>(args.a_positions - first, begin, count) : count;
       for (int64_t channel = channel_begin; channel < channel_end; ++channel) {
         const T* row = a_data + channel * args.a_channel_stride;
-        float* target = runs.data() + (channel - channel_begin) * run_pitch;
-        std::fill(target, target + begin, 0.0f);
-        int64_t e = begin;
-        for (; e + kLanes <= end; e += kLanes) store(target + e, load_as_float(row + first + e));
-        for (; e < end; ++e) target[e] = to_float(row[first + e]);
-        std::fill(target + end, target + count, 0.0f);
+        convert_span(row + first, begin, end, count, runs.data() + (channel - channel_begin) * run_pitch);
       }
       for (int64_t i = 0; i < m_end - m_begin; ++i) a_tiles[i] = runs.data() + run_offsets[i];
     } else if (converts_region) {
@@ -447,18 +458,9 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
         const int64_t row_from = from + q * args.lda;
         const int64_t lo = std::clamp<int64_t>(begin - row_from, 0, region_width);
         const int64_t hi = std::clamp<int64_t>(end - row_from, lo, region_width);
-        const T* source = a_data + row_from;
-        float* target = region.data() + q * region_pitch;
-        std::fill(target, target + lo, 0.0f);
-        int64_t e = lo;
-        for (; e + kLanes <= hi; e += kLanes) store(target + e, load_as_float(source + e));
-        for (; e < hi; ++e) target[e] = to_float(source[e]);
-        std::fill(target + hi, target + region_width, 0.0f);
+        convert_span(a_data + row_from, lo, hi, region_width, region.data() + q * region_pitch);
       }
-      for (int64_t i = 0; i < m_end - m_begin; ++i) {
-        const int64_t from_lowest = m_offsets[i] - lowest;
-        a_tiles[i] = region.data() + from_lowest / args.lda * region_pitch + from_lowest % args.lda - first_column;
-      }
+      for (int64_t i = 0; i < m_end - m_begin; ++i) a_tiles[i] = region.data() + region_offsets[i];
       lda = region_pitch;
     } else if (pack_a) {
       for (int64_t tile = 0; tile < tiles; ++tile) {
