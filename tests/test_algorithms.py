@@ -220,9 +220,11 @@ def test_gemm_transposes_blocks_cut_by_the_edges(channels, out_channels, width, 
 
 
 # gemm gathers the phase plane of a strided, channels-first 1x1 layer for BLAS
-# channel by channel, a vector of outputs (16 float32) from `stride` vectors
-# of a row: rows that leave a partial vector, a stride along the row longer
-# than a vector (gathered element by element), and padding, groups and
+# channel by channel, a vector of outputs (16 float32 on AVX-512, 8 on AVX2)
+# from `stride` vectors of a row: rows that leave a partial vector (AVX2
+# gathers a vector only where an output follows it: 17 outputs, 16 and 8), a
+# stride along the row longer than a vector (gathered element by element:
+# 17, and 9 on AVX2), a stride of a whole vector, and padding, groups and
 # strides along both axes. Under ATEN_CPU_CAPABILITY=default the portable
 # build gathers, and BLAS takes channels-last output gradients too.
 GEMM_GATHER_CASES = [
@@ -231,6 +233,10 @@ GEMM_GATHER_CASES = [
     (4, 6, (3, 50), dict(strides=(1, 3), pads_begin=(1, 0), pads_end=(0, 0))),
     (4, 4, (4, 40), dict(strides=(2, 17), groups=2)),
     (3, 5, (6, 66), dict(strides=(3, 2), pads_begin=(0, 2), pads_end=(1, 0))),
+    (3, 4, (3, 129), dict(strides=(1, 8))),
+    (2, 3, (4, 80), dict(strides=5, pads_begin=(0, 1), pads_end=(0, 0))),
+    (2, 2, (3, 64), dict(strides=(1, 8))),
+    (2, 3, (2, 100), dict(strides=(2, 9))),
 ]
 
 

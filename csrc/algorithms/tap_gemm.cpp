@@ -118,7 +118,9 @@ void transpose_to_rows(const void* src, int64_t src_ld, void* dst, int64_t dst_l
 
 void gather_every(const void* src, int64_t src_ld, int64_t step, void* dst, int64_t dst_ld, int64_t count,
                   int64_t rows, int64_t element_size) {
-  const auto gather = cpu_is_avx512() ? kernel::AVX512::gather : kernel::DEFAULT::gather;
+  const auto gather = cpu_is_avx512()           ? kernel::AVX512::gather
+                      : cpu_runs_avx2_kernels() ? kernel::AVX2::gather
+                                                : kernel::DEFAULT::gather;
   gather(src, src_ld, step, dst, dst_ld, count, rows, element_size);
 }
 

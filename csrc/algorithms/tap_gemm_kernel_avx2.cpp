@@ -16,4 +16,9 @@ void transpose(const void* src, int64_t src_ld, void* dst, int64_t dst_ld, int64
   transpose_impl(src, src_ld, dst, dst_ld, columns, rows, element_size);
 }
 
+void gather(const void* src, int64_t src_ld, int64_t step, void* dst, int64_t dst_ld, int64_t count, int64_t rows,
+            int64_t element_size) {
+  gather_impl(src, src_ld, step, dst, dst_ld, count, rows, element_size);
+}
+
 }  // namespace torch_convgrad::tap_gemm_kernel::AVX2
