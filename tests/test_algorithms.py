@@ -1497,7 +1497,10 @@ def test_cascade_lake_picks(data_format, dtype, c, o, size, kernel, attributes, 
 # layer's channels-first f32 data (5.1-7.2 ms against oneDNN's 8.0-11.0), U-Net's (5.7-6.2
 # against 6.6-7.1), the 1x1 64 -> 256 (7.8-8.8 against 11.4-12.1) and the 3x3 64-channel
 # channels-last layers (18.1 against 34.2); oneDNN for the 3x3 256-channel (21.1-22.4 against
-# 23.6-24.7) and DCGAN's channels-first layers (18.3-24.5 against 21.6-27.9).
+# 23.6-24.7) and DCGAN's channels-first layers (18.3-24.5 against 21.6-27.9); MKL's product
+# (matmul) for the stride-2 1x1 channels-last f32 layer (15.1-17.3 against gemm's 19.0-25.8), but
+# gemm in bf16 there (matmul copies bf16 to float32 first) and on the 1x1 1024 -> 256 f32 layer
+# (tied).
 AVX2_PICKS = [
     # (layer name's start, layout, dtype, pick)
     ("audio 1-D", "NCX", "f32", "gemm"),
@@ -1506,6 +1509,9 @@ AVX2_PICKS = [
     ("resnet50 3x3 64ch", "NXC", "f32", "gemm"),
     ("resnet50 3x3 256ch", "NCX", "f32", "aten"),
     ("dcgan convT", "NCX", "f32", "aten"),
+    ("resnet50 1x1 s2", "NXC", "f32", "matmul"),
+    ("resnet50 1x1 s2", "NXC", "bf16", "gemm"),
+    ("resnet50 1x1 1024->256", "NXC", "f32", "gemm"),
 ]
 
 

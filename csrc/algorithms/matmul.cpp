@@ -204,14 +204,17 @@ at::Tensor run(const Problem& problem) {
 
 // Whether the CPU cost model below has float32 rates for this problem: MKL's
 // product on an AVX-512 CPU without bf16 products (the Cascade Lake's
-// calibration), ungrouped, on channels-last data. On channels-first data the
-// copies regroup whole planes and `gemm` ran faster on every benchmark layer
-// (1.1-2x); f16/bf16, copied to float32 first, ran slower than `gemm`'s
-// conversion panel by panel (0.6-0.95x).
+// calibration) or on an AVX2 one, ungrouped, on channels-last data. On
+// channels-first data the copies regroup whole planes and `gemm` ran faster
+// on every benchmark layer (1.1-2x on the Cascade Lake); f16/bf16, copied to
+// float32 first, ran slower than `gemm`'s conversion panel by panel
+// (0.6-0.95x).
 bool costed_f32_on_cpu(const Problem& problem, const Geometry& g, const OperandView& windows,
                        const OperandView& grad_output) {
+  const CpuCalibration calibration = cpu_calibration();
   return problem.input.is_cpu() && problem.input.scalar_type() == at::kFloat && g.groups == 1 &&
-         cpu_calibration() == CpuCalibration::Avx512 && windows.rows_first && grad_output.rows_first;
+         (calibration == CpuCalibration::Avx512 || calibration == CpuCalibration::Avx2) && windows.rows_first &&
+         grad_output.rows_first;
 }
 
 // Estimated seconds on CUDA, for bf16 on AVX-512 CPUs with AVX512_BF16 but no
@@ -269,10 +272,16 @@ double cost(const Problem& problem, const Geometry& g) {
     // GB/s, read and written. It beat the other algorithms on ResNet-50's 1x1
     // 1024 -> 256 (5.1 against gemm's 5.7 ms) and stride-2 1x1 (10.1 against
     // oneDNN's 10.3) layers and U-Net's (3.0 against 3.5).
+    // On an AMD EPYC (Zen 3, AVX2, 2 threads, 2026-12-01, two runs) it ran
+    // ResNet-50's stride-2 1x1 layer at 52-61 GMAC/s besides copies of about
+    // 8 GB/s (15.1-17.3 ms against gemm's 19.0-25.8), its 1x1 64 -> 256 at
+    // 36-42 (tied with oneDNN and gemm), its 1x1 1024 -> 256 at 44-45 (tied
+    // with gemm), U-Net's and the 1-D layer 0.7-0.85 times as fast as gemm.
+    const bool avx2 = cpu_calibration() == CpuCalibration::Avx2;
     const auto width = [](double channels) { return width_share(channels, 200, 200); };
     const double columns = static_cast<double>(g.in_channels) * g.taps();
-    const double macs_per_second = 95e9 * width(static_cast<double>(g.out_channels)) * width(columns);
-    return 15e-6 + copy_bytes / 25e9 + g.macs() / macs_per_second;
+    const double macs_per_second = (avx2 ? 55e9 : 95e9) * width(static_cast<double>(g.out_channels)) * width(columns);
+    return 15e-6 + copy_bytes / (avx2 ? 8e9 : 25e9) + g.macs() / macs_per_second;
   }
   constexpr double kCopyBytesPerSecond = 1.4e12;
   constexpr double kReadBytesPerSecond = 2.4e12;
