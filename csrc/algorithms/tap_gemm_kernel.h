@@ -641,16 +641,14 @@ inline bool split_impl(const uint16_t* half, int64_t count, uint16_t* high, uint
 // reads source element j * step from the source vector p = j * step / 8, at
 // its lane j * step % 8, through one permute and one blend per vector. A
 // block reads whole vectors, up to element 8 * step - 1 from its first, so
-// only blocks with an output at or beyond that are gathered so; the rest, and
-// 16-bit elements (gemm converts low precision to float32 before it gathers
-// on AVX2 CPUs), element by element. Rows are prefetched a few ahead: they lie
-// a channel apart. ResNet's stride-2 1x1 layer, channels-first f32: the
-// gather's time fell by a third, from 16% of the layer's (Zen 3, perf).
-template <typename T>
-inline void gather_of(const T* src, int64_t src_ld, int64_t step, T* dst, int64_t dst_ld, int64_t count,
-                      int64_t rows) {
+// only blocks with an output at or beyond that are gathered so; the rest
+// element by element. Rows are prefetched a few ahead: they lie a channel
+// apart. ResNet's stride-2 1x1 layer, channels-first f32: the gather's time
+// fell by a third, from 16% of the layer's (Zen 3, perf).
+inline void gather_words(const uint32_t* src, int64_t src_ld, int64_t step, uint32_t* dst, int64_t dst_ld,
+                         int64_t count, int64_t rows) {
   constexpr int64_t kBlock = 8, kPrefetchRows = 4;
-  const int64_t blocks = sizeof(T) == 4 && step <= kBlock ? (count - 1) / kBlock : 0;
+  const int64_t blocks = step <= kBlock ? (count - 1) / kBlock : 0;
   if (blocks == 0) return gather_elements(src, src_ld, step, dst, dst_ld, 0, count, rows);
   __m256i lane_of[kBlock], lanes_from[kBlock];
   for (int64_t p = 0; p < step; ++p) {
@@ -662,21 +660,32 @@ inline void gather_of(const T* src, int64_t src_ld, int64_t step, T* dst, int64_
     lane_of[p] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lane));
     lanes_from[p] = _mm256_load_si256(reinterpret_cast<const __m256i*>(from));
   }
-  const auto load_lanes = [](const T* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); };
+  const auto load_words = [](const uint32_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); };
   for (int64_t r = 0; r < rows; ++r) {
-    const T* row = src + r * src_ld;
-    T* out_row = dst + r * dst_ld;
+    const uint32_t* row = src + r * src_ld;
+    uint32_t* out_row = dst + r * dst_ld;
     if (r + kPrefetchRows < rows) prefetch_rows(row + kPrefetchRows * src_ld, 0, 0, 1, 0, (count - 1) * step + 1);
     for (int64_t block = 0; block < blocks; ++block) {
-      const T* base = row + block * kBlock * step;
-      __m256i out = _mm256_permutevar8x32_epi32(load_lanes(base), lane_of[0]);
+      const uint32_t* base = row + block * kBlock * step;
+      __m256i out = _mm256_permutevar8x32_epi32(load_words(base), lane_of[0]);
       for (int64_t p = 1; p < step; ++p)
-        out = _mm256_blendv_epi8(out, _mm256_permutevar8x32_epi32(load_lanes(base + p * kBlock), lane_of[p]),
+        out = _mm256_blendv_epi8(out, _mm256_permutevar8x32_epi32(load_words(base + p * kBlock), lane_of[p]),
                                  lanes_from[p]);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(out_row + block * kBlock), out);
     }
   }
   gather_elements(src, src_ld, step, dst, dst_ld, blocks * kBlock, count, rows);
+}
+
+// 16-bit elements element by element: gemm converts low precision to float32
+// before it gathers on AVX2 CPUs.
+template <typename T>
+inline void gather_of(const T* src, int64_t src_ld, int64_t step, T* dst, int64_t dst_ld, int64_t count,
+                      int64_t rows) {
+  if constexpr (sizeof(T) == 4)
+    gather_words(src, src_ld, step, dst, dst_ld, count, rows);
+  else
+    gather_elements(src, src_ld, step, dst, dst_ld, 0, count, rows);
 }
 #else
 template <typename T>
