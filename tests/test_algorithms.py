@@ -39,8 +39,10 @@ AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 AMX = AVX512 and torch.cpu._is_amx_tile_supported()
 # AVX-512 BF16's bf16 dot products.
 AVX512_BF16 = AVX512 and torch.cpu._is_avx512_bf16_supported()
-# Where depthwise channels-first planes of 3 taps along the row run on float row tiles.
+# Where depthwise channels-first planes of 3 taps along the row run on float row tiles: at stride 1
+# or 2 along the row, and on AVX2 CPUs at stride 1 only.
 FLOAT_ROWS = AVX512 and (AMX or not AVX512_BF16)
+FLOAT_ROWS_AT_STRIDE_1 = FLOAT_ROWS or torch.backends.cpu.get_cpu_capability() == "AVX2"
 
 
 def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16, size=(10, 11)):
@@ -1346,8 +1348,9 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # On an AVX-512 CPU without bf16 products, channels-first depthwise layers with 3, 5 or 7 taps along
 # the row (stride 1 or 2 and dilation 1 along it) run on float row tiles (on AMX CPUs those with 3
 # taps, and with 5 or 7 on rows of at most 32 windows in bf16/f16 and 16 at stride 1 in f32;
-# elsewhere on the other kernels): rows of 16 windows (one whole vector), 17 and 70 (a partial last
-# one); 19 and 13 output rows, which run 8 (3 taps along the row), 4 (three rows of 7) or 3 (four
+# elsewhere on the other kernels; on AVX2 CPUs those with 3 taps along the row at stride 1 along it,
+# and with 5 in f32, in vectors of 8 windows): rows of 16 windows (one whole vector), 17 and 70 (a
+# partial last one), 5 (a partial vector alone); 19 and 13 output rows, which run 8 (3 taps along the row), 4 (three rows of 7) or 3 (four
 # rows of 7) at a time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 4 + 3 and
 # 3 + 3 + 3), a single row of taps, asymmetric padding; stride 2 along both axes (4 output rows at a
 # time; rows of kernels over 9 taps staged into two phases: 32 elements and a partial vector, an odd
@@ -1362,6 +1365,7 @@ FLOAT_ROW_CASES = {
     # name: (n, c, size, kernel, attributes)
     "16-windows": (2, 5, (19, 16), (3, 3), dict(pads_begin=1, pads_end=1)),
     "17-windows": (2, 3, (21, 19), (3, 3), {}),
+    "5-windows": (2, 3, (9, 5), (3, 3), dict(pads_begin=1, pads_end=1)),
     "70-windows": (2, 3, (9, 70), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
     "7x7": (2, 3, (13, 23), (7, 7), dict(pads_begin=3, pads_end=3)),
     "9x3-asymmetric": (2, 2, (16, 20), (9, 3), dict(pads_begin=(1, 2), pads_end=(7, 0))),
@@ -1417,11 +1421,12 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
     with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs).
 
-    Where the float row tiles do not run (AVX2 CPUs, AVX-512 BF16 without AMX), the channels-last
-    kernel's transposition takes these planes; it skips the input rows that lie in the padding, as
-    ATen does, so the output gradient's corners are not checked there."""
-    if holder == "dy" and not FLOAT_ROWS:
-        pytest.skip("the float row tiles run on AVX-512 CPUs without bf16 products and AMX CPUs only")
+    Where the float row tiles do not run (AVX-512 BF16 without AMX; AVX2 CPUs at stride 2), the
+    channels-last kernel's transposition takes these planes; it skips the input rows that lie in the
+    padding, as ATen does, so the output gradient's corners are not checked there."""
+    if holder == "dy" and not (FLOAT_ROWS or (FLOAT_ROWS_AT_STRIDE_1 and stride == 1)):
+        pytest.skip("the float row tiles run on AVX-512 CPUs without bf16 products, AMX CPUs and, at "
+                    "stride 1, AVX2 CPUs")
     x = rand(data_shape(2, 16, (21, 36), "NCX"), dtype, seed=63)
     dy = rand(data_shape(2, 16, output_size((21, 36), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
                          "NCX"), dtype, seed=64)

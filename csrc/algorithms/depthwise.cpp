@@ -128,11 +128,21 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // f32 at 7x7 0.99); 5 and 7 taps 1.3-2.7 times on rows of 14 windows and, in
   // bf16/f16, 1.06-1.51 on rows of 28, while f32 rows of 28 windows or stride 2
   // ran 0.87-0.97 times and ConvNeXt's rows of 56 0.87 times, which stay on the
-  // channels-last kernel.
+  // channels-last kernel. On the Zen 3 (AVX2's tiles, 8 windows a step, rows
+  // staged; 2026-12-02, 2 threads, N=16, alternating builds by process,
+  // medians; fastest calls), 3 taps at stride 1: MobileNetV2's layer (144
+  // channels, 56x56) 1.18x; 1.06x in f32, 1.68x; 2.03x in bf16, 1.88x; 1.78x
+  // in f16; 112x112 to 7x7 maps 1.43-1.71x in f32, 1.15-1.43x in bf16/f16 (two
+  // runs); 5x5 kernels 1.16-1.35x in f32 but 0.97-1.56x in bf16/f16. Stride 2
+  // ran 0.62-0.98x (staging four times the output's input elements outweighs
+  // the products) and ConvNeXt's 7x7 layer 0.64-0.76x (one row of taps a tile
+  // in 16 registers): those stay on the transposition.
   const auto dtype = problem.input.scalar_type();
   const int64_t row_taps = geometry.kernel[2], row_windows = geometry.out[2];
   const bool float_rows_win =
       calibration == CpuCalibration::Avx512 ||
+      (calibration == CpuCalibration::Avx2 && cpu_runs_avx2_kernels() && geometry.stride[2] == 1 &&
+       (row_taps == 3 || (row_taps == 5 && dtype == at::kFloat))) ||
       (calibration == CpuCalibration::Avx512Amx &&
        (row_taps == 3 ||
         (row_windows <= 32 && (dtype != at::kFloat || (row_windows <= 16 && geometry.stride[2] == 1)))));
@@ -284,7 +294,8 @@ at::Tensor run(const Problem& problem) {
   // bf16 planes on dot products (Args::bf16_planes) and planes on float row
   // tiles (Args::float_rows) run faster still in the AVX-512 build's
   // channels-first kernel, a sample group's planes in order.
-  if (args.bf16_planes || args.float_rows) return run_depthwise_tasks(problem, geometry, args, kAvx512.channels_first, 0, 1);
+  if (args.bf16_planes || args.float_rows)
+    return run_depthwise_tasks(problem, geometry, args, (cpu_is_avx512() ? kAvx512 : kAvx2).channels_first, 0, 1);
   const int64_t channels = geometry.in_channels;
   const Build& build = build_for(args, channels, problem.input.scalar_type());
   const int64_t lanes = build.lanes(problem.input.scalar_type());

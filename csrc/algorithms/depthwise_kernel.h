@@ -43,8 +43,8 @@ struct Args {
   bool bf16_planes = false;
   bool dense_planes = false;
   // Whether channels_first runs depthwise f32/bf16/f16 planes on the AVX-512
-  // build's float row tiles (float_row_taps along the row, stride 1 or 2 and
-  // dilation 1 along it, grad_output rows of unit stride).
+  // or AVX2 build's float row tiles (float_row_taps along the row, stride 1
+  // or 2 and dilation 1 along it, grad_output rows of unit stride).
   bool float_rows = false;
   // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
   // or NaN in the data that it loads makes some sum).
@@ -137,9 +137,13 @@ namespace torch_convgrad::depthwise_kernel::CPU_CAPABILITY {
 using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 #if defined(CPU_CAPABILITY_AVX512)
 using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
-using ::torch_convgrad::CPU_CAPABILITY::load_floats;
 using ::torch_convgrad::CPU_CAPABILITY::load_transposed;
 using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
+#elif defined(CPU_CAPABILITY_AVX2)
+using ::torch_convgrad::CPU_CAPABILITY::load_first_floats;
+#endif
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+using ::torch_convgrad::CPU_CAPABILITY::load_floats;
 #endif
 
 // f16/bf16 accumulate in float32, f64 in float64.
@@ -1358,12 +1362,13 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
 }
 #endif
 
-#ifdef CPU_CAPABILITY_AVX512
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
 // ---------------------------------------------------------------------------
 // channels_first on float rows (Args::float_rows: depthwise f32, bf16 or
 // f16, 3, 5 or 7 taps along the row, stride 1 or 2 and dilation 1 along it,
 // grad_output rows of unit stride): lanes run along an output row, 16
-// windows at a time, as in the bf16 pairs above, but on float FMAs. The
+// windows at a time (8 in the AVX2 build, described after the AVX-512
+// tile), as in the bf16 pairs above, but on float FMAs. The
 // input plane is staged as float with its padding rows and columns, stride 2
 // in two phases along the row (RowLayout), or rows of small kernels read in
 // place with the padding masked (InPlaceRows; at stride 2,
@@ -1384,9 +1389,16 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
 // `length` positions `phase_pitch` apart (element w of the padded row in
 // phase w % stride at w / stride). Stride 1 starts each row at `lead`, so
 // that the input row's first element lands on a cache line (aligned stores
-// where the rows are copied).
+// where the rows are copied). The AVX2 build's tiles read up to a vector
+// past a plane's last row: `staged_size` floats keep it in the buffer.
+#ifdef CPU_CAPABILITY_AVX512
+constexpr int64_t kRowLanes = 16;  // windows a float row tile's step takes
+#else
+constexpr int64_t kRowLanes = 8;
+#endif
 struct RowLayout {
-  int64_t stride, slices, rows, length, lead, phase_pitch, row_pitch, slice_pitch, plane_pitch;
+  int64_t stride, slices, rows, length, lead, phase_pitch, row_pitch, slice_pitch, plane_pitch, staged_size;
+#ifdef CPU_CAPABILITY_AVX512
   // How a contiguous input row is staged, the same for every row: from
   // element `first` on, vectors of `stride` x 16 elements from `w`, the
   // lanes of `load` loaded, the lanes of `store` stored into each phase.
@@ -1396,17 +1408,20 @@ struct RowLayout {
   };
   int64_t first = 0;
   std::vector<Chunk> chunks;
+#endif
 
   explicit RowLayout(const Args& args) : stride(args.stride[2]) {
     slices = (args.out[0] - 1) * args.stride[0] + (args.kernel[0] - 1) * args.dilation[0] + 1;
     rows = (args.out[1] - 1) * args.stride[1] + (args.kernel[1] - 1) * args.dilation[1] + 1;
     length = args.out[2] + (args.kernel[2] - 1) / stride;
     const int64_t pad = args.pad_begin[2];
-    lead = stride == 1 ? (16 - pad % 16) % 16 : 0;
-    phase_pitch = round_up(lead + length, 16);
+    lead = stride == 1 ? (kRowLanes - pad % kRowLanes) % kRowLanes : 0;
+    phase_pitch = round_up(lead + length, kRowLanes);
     row_pitch = stride * phase_pitch;
     slice_pitch = rows * row_pitch;
     plane_pitch = slices * slice_pitch;
+    staged_size = plane_pitch + kRowLanes;
+#ifdef CPU_CAPABILITY_AVX512
     // The elements below stride * length - pad; with stride 2, an odd first
     // one alone, so that the vectors start in phase 0.
     const int64_t size = std::clamp<int64_t>(stride * length - pad, 0, args.in[2]);
@@ -1417,6 +1432,7 @@ struct RowLayout {
                   {first_lanes((count + stride - 1) / stride), first_lanes(count / stride)}};
       chunks.push_back(chunk);
     }
+#endif
   }
 
   // The staged row (slice uz, row uy) of `staged`.
@@ -1430,6 +1446,12 @@ struct RowLayout {
   void stage(const Args& args, const T* x, float* staged) const {
     const int64_t* x_strides = args.input_strides;
     const int64_t pad = args.pad_begin[2];
+#ifndef CPU_CAPABILITY_AVX512
+    for (int64_t iz = 0; iz < args.in[0] && iz + args.pad_begin[0] < slices; ++iz)
+      for (int64_t iy = 0; iy < args.in[1] && iy + args.pad_begin[1] < rows; ++iy)
+        stage_phases(x + iz * x_strides[2] + iy * x_strides[3], x_strides[4], args.in[2], stride, pad, length,
+                     phase_pitch, row(staged, iz + args.pad_begin[0], iy + args.pad_begin[1]));
+#else
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
     for (int64_t iz = 0; iz < args.in[0]; ++iz) {
@@ -1458,6 +1480,7 @@ struct RowLayout {
         }
       }
     }
+#endif
   }
 };
 
@@ -1465,8 +1488,15 @@ struct RowLayout {
 // (kKH x kKW), the output rows' grad_output vectors and an input vector fit
 // the 32 registers, and their rows' addresses most of the 16 general ones
 // (stride 2 reads twice the rows).
+// AVX2's 16 registers: a tile of three rows of 3 taps shares 4 output rows
+// (3 at stride 2), two rows of 5 taps 3 (2); a tile of one row of taps reads
+// each input row for one output row only.
 constexpr int shared_rows(int taps, int stride) {
+#ifdef CPU_CAPABILITY_AVX512
   return stride == 1 ? (taps <= 9 ? 8 : taps <= 15 ? 6 : taps <= 21 ? 4 : 3) : (taps <= 9 ? 4 : taps <= 15 ? 3 : 2);
+#else
+  return taps == 3 || taps == 5 || taps == 7 ? 1 : stride == 1 ? (taps <= 9 ? 4 : 3) : (taps <= 9 ? 3 : 2);
+#endif
 }
 
 // Prefetches (into L2) the next plane of each tensor while the tiles run,
@@ -1509,15 +1539,18 @@ class NextPlanes {
   int64_t per_step_[2] = {0, 0};
 };
 
+#ifdef CPU_CAPABILITY_AVX512
 // Masked steps of 16 windows a float row tile takes along a row at most:
 // the first ones, whose taps read left of the row, and the last ones.
 constexpr int kMostMaskedSteps = 4;
+#endif
 
 // Where a float row tile reads its input rows: row(uz, uy) is padded row
 // (slice uz, row uy) such that row[w] is padded position w along it. Steps of
 // 16 windows from whole_steps_begin() to whole_steps_end() read 16 whole
 // windows within the row; the others, below `width` windows, read the lanes
 // columns_read(j, kx) of tap kx at window j (and no window past the last).
+// (The AVX2 build's tiles read staged rows only, through row().)
 //
 // StagedRows: the plane staged as float with its padding (RowLayout).
 struct StagedRows {
@@ -1525,11 +1558,15 @@ struct StagedRows {
   const RowLayout& layout;
   int64_t width;  // windows along the row
   const float* row(int64_t uz, int64_t uy) const { return layout.row(staged, uz, uy); }
+#ifdef CPU_CAPABILITY_AVX512
   int64_t whole_steps_begin() const { return 0; }
   int64_t whole_steps_end() const { return width / 16 * 16; }
   // Padding is staged as zeros: every lane reads.
   __mmask16 columns_read(int64_t, int64_t) const { return 0xFFFF; }
+#endif
 };
+
+#ifdef CPU_CAPABILITY_AVX512
 
 // A plane's rows of unit stride read where they are (f16/bf16 converted as
 // they load): padding rows read a row of zeros, and padding columns are
@@ -1675,12 +1712,16 @@ struct InPlaceStride2 : InPlacePlane<T> {
   static int64_t floor_half(int64_t value) { return value >= 0 ? value / 2 : -((-value + 1) / 2); }
 };
 
-// Steps of 16 windows a float row tile takes over a plane.
+#endif
+
+// Steps of kRowLanes windows a float row tile takes over a plane.
 inline int64_t float_row_tile_steps(const Args& args, int64_t taps, bool share_rows) {
   const int64_t shared = share_rows ? shared_rows(static_cast<int>(taps), static_cast<int>(args.stride[2])) : 1;
   const int64_t rows = args.out[1] / shared + args.out[1] % shared;
-  return args.out[0] * rows * ((args.out[2] + 15) / 16);
+  return args.out[0] * rows * ((args.out[2] + kRowLanes - 1) / kRowLanes);
 }
+
+#ifdef CPU_CAPABILITY_AVX512
 
 // sums[ky][kx] = sum over output slices z, rows y and windows j of
 //   x[(z * s0 + kz * d0) slice][(y * s1 + (ky_first + ky) * d1) row][kStride * j + kx] * dy[z][y][j]
@@ -1784,6 +1825,83 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
 // tiles of 4 + 3 rows ran 1.03-1.07 times as fast as in 3 + 2 + 2 (Cascade
 // Lake, 2 threads, interleaved, two runs), fewer loads a product.
 constexpr int64_t kMostTapRows = 4;
+constexpr int64_t most_tap_rows(int64_t) { return kMostTapRows; }
+#else
+// The AVX2 build's tile: the sums as above in 16 registers, 8 windows a
+// step, the input rows staged (StagedRows). The last step, of fewer windows,
+// zeroes the lanes past the row's last window in both tensors' vectors: the
+// input elements there are real ones (another window's, or the next row's)
+// and may be infinite.
+template <typename T, int kKH, int kKW, int kStride>
+void float_row_tile(const StagedRows& x, const RowLayout& layout, const Args& args, int64_t kz, int64_t ky_first,
+                    bool share_rows, const T* dy, const int64_t* dy_pitch, NextPlanes& next_planes, float* sums_out) {
+  constexpr int kShared = shared_rows(kKH * kKW, kStride);
+  __m256 sums[kKH][kKW];
+#pragma GCC unroll 16
+  for (int ky = 0; ky < kKH; ++ky)
+#pragma GCC unroll 16
+    for (int kx = 0; kx < kKW; ++kx) sums[ky][kx] = _mm256_setzero_ps();
+  const int64_t width = args.out[2], whole_end = width / 8 * 8, tail = width - whole_end;
+  const __m256 tail_lanes = _mm256_castsi256_ps(
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(tail)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+  const int64_t phase_pitch = layout.phase_pitch;
+  // As in the AVX-512 tile: kRows output rows from `y` of slice `z`.
+  const auto rows_at = [&]<int kRows>(int64_t z, int64_t y) __attribute__((always_inline)) {
+    const int64_t uz = z * args.stride[0] + kz * args.dilation[0];
+    const int64_t uy = y * args.stride[1] + ky_first * args.dilation[1];
+    const T* dy_rows[kRows];
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) dy_rows[i] = dy + z * dy_pitch[0] + (y + i) * dy_pitch[1];
+    constexpr int kInputRows = (kRows - 1) * kStride + kKH;
+    const float* x_row[kInputRows];
+#pragma GCC unroll 16
+    for (int u = 0; u < kInputRows; ++u) x_row[u] = x.row(uz, uy + u * args.dilation[1]);
+    const auto step = [&]<bool kTail>(int64_t j) __attribute__((always_inline)) {
+      next_planes.step();
+      __m256 dy_lanes[kRows];
+#pragma GCC unroll 16
+      for (int i = 0; i < kRows; ++i)
+        dy_lanes[i] = kTail ? load_first_floats(dy_rows[i] + j, tail) : load_floats(dy_rows[i] + j);
+#pragma GCC unroll 16
+      for (int u = 0; u < kInputRows; ++u)
+#pragma GCC unroll 16
+        for (int kx = 0; kx < kKW; ++kx) {
+          __m256 x_lanes = _mm256_loadu_ps(x_row[u] + kx % kStride * phase_pitch + kx / kStride + j);
+          if constexpr (kTail) x_lanes = _mm256_and_ps(x_lanes, tail_lanes);
+          // One load for all its products: GCC would fold it into each FMA.
+          asm("" : "+x"(x_lanes));
+#pragma GCC unroll 16
+          for (int i = 0; i < kRows; ++i) {
+            const int ky = u - i * kStride;
+            if (ky >= 0 && ky < kKH) sums[ky][kx] = _mm256_fmadd_ps(x_lanes, dy_lanes[i], sums[ky][kx]);
+          }
+        }
+    };
+    for (int64_t j = 0; j < whole_end; j += 8) step.template operator()<false>(j);
+    if (tail) step.template operator()<true>(whole_end);
+  };
+  for (int64_t z = 0; z < args.out[0]; ++z) {
+    int64_t y = 0;
+    if (share_rows)
+      for (; y + kShared <= args.out[1]; y += kShared) rows_at.template operator()<kShared>(z, y);
+    for (; y < args.out[1]; ++y) rows_at.template operator()<1>(z, y);
+  }
+#pragma GCC unroll 16
+  for (int ky = 0; ky < kKH; ++ky)
+#pragma GCC unroll 16
+    for (int kx = 0; kx < kKW; ++kx) {
+      const __m256 lanes = sums[ky][kx];
+      __m128 half = _mm_add_ps(_mm256_castps256_ps128(lanes), _mm256_extractf128_ps(lanes, 1));
+      half = _mm_add_ps(half, _mm_movehl_ps(half, half));
+      sums_out[ky * kKW + kx] = _mm_cvtss_f32(_mm_add_ss(half, _mm_movehdup_ps(half)));
+    }
+}
+
+// Rows of taps a tile sums at most in the AVX2 build: its sums, an output
+// row's grad_output vector and an input vector fit 16 registers.
+constexpr int64_t kMostTapRows = 3;
+constexpr int64_t most_tap_rows(int64_t row_taps) { return row_taps == 3 ? 3 : row_taps == 5 ? 2 : 1; }
+#endif
 
 template <typename T>
 void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
@@ -1795,6 +1913,7 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   const int64_t* kernel = args.kernel;
   const int64_t taps = kernel[0] * kernel[1] * kernel[2];
   const RowLayout layout(args);
+#ifdef CPU_CAPABILITY_AVX512
   // Rows of kernels up to 3x3 are read in place (InPlaceRows), others
   // staged. In place, against staged (Cascade Lake, 2 threads, interleaved,
   // two runs or more), f32: MobileNetV2's 3x3 layer 1.17-1.30x, 3x3 on
@@ -1814,17 +1933,21 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   // 1.59x, 1.27x and 1.24-1.27x; a 1-D layer (not prefetching) 1.66x, 1.47x
   // and 1.24-1.31x; f32 on 28x28 (not prefetching) 1.0-1.07x.
   const bool in_place_stride2 = taps <= 9 && args.out[2] >= 14 && InPlaceStride2<T>::fits(args);
-  // Zeroed once: every plane writes the same positions.
-  LineAlignedBuffer<float> staged_input(in_place || in_place_stride2 ? 0 : layout.plane_pitch);
   LineAlignedBuffer<T> zero_row(in_place           ? InPlaceRows<T>::zeros_needed(args)
                                 : in_place_stride2 ? InPlaceStride2<T>::zeros_needed(args) + 1
                                                    : 0);
+#else
+  constexpr bool in_place = false, in_place_stride2 = false;  // the AVX2 build stages every plane
+#endif
+  // Zeroed once: every plane writes the same positions.
+  LineAlignedBuffer<float> staged_input(in_place || in_place_stride2 ? 0 : layout.staged_size);
   const bool share_rows = args.stride[1] == args.stride[2] && args.dilation[1] == 1;
   // Tiles: (slice of taps, first row of taps, rows of taps), the rows of
   // taps split as evenly as possible.
   std::vector<std::array<int64_t, 3>> tiles;
   for (int64_t kz = 0; kz < kernel[0]; ++kz)
-    for (const TapRange& range : tap_tiles(kernel[1], kMostTapRows)) tiles.push_back({kz, range.first, range.count});
+    for (const TapRange& range : tap_tiles(kernel[1], most_tap_rows(kernel[2])))
+      tiles.push_back({kz, range.first, range.count});
   int64_t steps = 0;
   for (const auto& tile : tiles) steps += float_row_tile_steps(args, tile[2] * kernel[2], share_rows);
   // Only planes read at stride 1, f32 or in place, or in place at stride 2
@@ -1838,9 +1961,13 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   // 0.89), and a 1-D layer's rows of 4000 0.84 (f32 0.97): the planes that
   // follow one another within a page, the hardware prefetches.
   const int64_t plane_bytes = args.in[0] * args.in[1] * args.in[2] * static_cast<int64_t>(sizeof(T));
+#ifdef CPU_CAPABILITY_AVX512
   const bool prefetch = args.dense_planes &&
                         ((layout.stride == 1 && (std::is_same_v<T, float> || in_place)) || in_place_stride2) &&
                         args.out[0] * args.out[1] > 1 && plane_bytes >= 4096;
+#else
+  const bool prefetch = args.dense_planes && args.out[0] * args.out[1] > 1 && plane_bytes >= 4096;
+#endif
   NextPlanes next_planes;
   std::fill(result, result + (channel_end - channel_begin) * taps, 0.0f);
   for (int64_t n = sample_begin; n < sample_end; ++n)
@@ -1856,6 +1983,7 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
         const auto [kz, ky_first, tap_rows] = tile;
         float sums[kMostTapRows * 7];
         const auto run = [&]<int kKH, int kKW>() {
+#ifdef CPU_CAPABILITY_AVX512
           if (in_place) {
             const InPlaceRows<T> rows(args, x_plane, zero_row.data());
             float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
@@ -1868,6 +1996,7 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
                                            next_planes, sums);
             return;
           }
+#endif
           const StagedRows rows{staged_input.data(), layout, args.out[2]};
           if (layout.stride == 1)
             float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
@@ -1877,10 +2006,7 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
                                            next_planes, sums);
         };
         const auto with_rows = [&]<int kKW>() {
-          if (tap_rows == 1) run.template operator()<1, kKW>();
-          else if (tap_rows == 2) run.template operator()<2, kKW>();
-          else if (tap_rows == 3) run.template operator()<3, kKW>();
-          else run.template operator()<4, kKW>();
+          with_count<most_tap_rows(kKW)>(tap_rows, [&]<int kKH>() { run.template operator()<kKH, kKW>(); });
         };
         if (kernel[2] == 3) with_rows.template operator()<3>();
         else if (kernel[2] == 5) with_rows.template operator()<5>();
@@ -1938,7 +2064,7 @@ void channels_first(const Args& args, int64_t sample_begin, int64_t sample_end, 
   if (args.bf16_planes)
     return channels_first_pairs(args, sample_begin, sample_end, channel_begin, channel_end, static_cast<float*>(result));
 #endif
-#ifdef CPU_CAPABILITY_AVX512
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
   if (args.float_rows) {
     float* sums = static_cast<float*>(result);
     if (args.dtype == Dtype::Float)

@@ -120,8 +120,10 @@ namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY {
 using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 #ifdef CPU_CAPABILITY_AVX512
 using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
-using ::torch_convgrad::CPU_CAPABILITY::load_floats;
 using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
+#endif
+#if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+using ::torch_convgrad::CPU_CAPABILITY::load_floats;
 #endif
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
@@ -138,9 +140,6 @@ inline void store(float* p, Vector v) { _mm512_storeu_ps(p, v); }
 inline void store(float* p, LaneMask mask, Vector v) { _mm512_mask_storeu_ps(p, mask, v); }
 inline Vector broadcast(const float* p) { return _mm512_set1_ps(*p); }
 inline Vector fma(Vector a, Vector b, Vector c) { return _mm512_fmadd_ps(a, b, c); }
-// kLanes elements as float32 (float_lanes.h).
-template <typename T>
-inline Vector load_as_float(const T* p) { return load_floats(p); }
 // The first `count` halves only (the others are not read, and are 0).
 template <typename T>
 inline Vector load_as_float(const T* p, int64_t count) { return load_floats(p, first_lanes(count)); }
@@ -158,14 +157,6 @@ inline void store(float* p, Vector v) { _mm256_storeu_ps(p, v); }
 inline void store(float* p, LaneMask mask, Vector v) { _mm256_maskstore_ps(p, mask, v); }
 inline Vector broadcast(const float* p) { return _mm256_broadcast_ss(p); }
 inline Vector fma(Vector a, Vector b, Vector c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vector load_as_float(const float* p) { return load(p); }
-inline Vector load_as_float(const c10::Half* p) {
-  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-inline Vector load_as_float(const c10::BFloat16* p) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
-}
 // The first `count` halves only (the others are not read, and are 0), an
 // even count: AVX2 loads them in 32-bit pairs.
 inline __m128i load_halves(const void* p, int64_t count) {
@@ -177,6 +168,9 @@ inline Vector load_as_float(const c10::BFloat16* p, int64_t count) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_halves(p, count)), 16));
 }
 #endif
+// kLanes elements as float32 (float_lanes.h).
+template <typename T>
+inline Vector load_as_float(const T* p) { return load_floats(p); }
 static_assert(kTileO == 2 * kLanes, "a tile's row of B is two vectors");
 // Whether A that block_of would pack is converted a region a chunk instead.
 constexpr bool kConvertsRegion = kLanes == 8;
