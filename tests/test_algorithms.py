@@ -39,10 +39,16 @@ AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 AMX = AVX512 and torch.cpu._is_amx_tile_supported()
 # AVX-512 BF16's bf16 dot products.
 AVX512_BF16 = AVX512 and torch.cpu._is_avx512_bf16_supported()
-# Where depthwise channels-first planes of 3 taps along the row run on float row tiles: at stride 1
-# or 2 along the row, and on AVX2 CPUs at stride 1 only.
+# Where depthwise channels-first planes of 3 taps along the row run on float row tiles.
 FLOAT_ROWS = AVX512 and (AMX or not AVX512_BF16)
-FLOAT_ROWS_AT_STRIDE_1 = FLOAT_ROWS or torch.backends.cpu.get_cpu_capability() == "AVX2"
+
+
+def avx2_float_rows(stride, windows, dtype):
+    """Whether an AVX2 CPU runs channels-first planes of 3 taps along the row, `windows` a row at
+    `stride` along it, on its float row tiles: at stride 1, and at stride 2 on rows of up to 14
+    windows (28 in bf16)."""
+    return torch.backends.cpu.get_cpu_capability() == "AVX2" and (
+        stride == 1 or windows <= 14 or (windows <= 28 and dtype == torch.bfloat16))
 
 
 def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16, size=(10, 11)):
@@ -1348,13 +1354,15 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # On an AVX-512 CPU without bf16 products, channels-first depthwise layers with 3, 5 or 7 taps along
 # the row (stride 1 or 2 and dilation 1 along it) run on float row tiles (on AMX CPUs those with 3
 # taps, and with 5 or 7 on rows of at most 32 windows in bf16/f16 and 16 at stride 1 in f32;
-# elsewhere on the other kernels; on AVX2 CPUs those with 3 taps along the row at stride 1 along it,
-# and with 5 in f32, in vectors of 8 windows): rows of 16 windows (one whole vector), 17 and 70 (a
-# partial last one), 5 (a partial vector alone); 19 and 13 output rows, which run 8 (3 taps along the row), 4 (three rows of 7) or 3 (four
+# elsewhere on the other kernels; on AVX2 CPUs, in vectors of 8 windows, those with 3 taps along the
+# row at stride 1 along it or at stride 2 on rows of up to 14 windows, 28 in bf16, and with 5 taps
+# at stride 1 in f32): rows of 16 windows (one whole vector), 17 and 70 (a partial last one), 5 (a
+# partial vector alone); 19 and 13 output rows, which run 8 (3 taps along the row), 4 (three rows of 7) or 3 (four
 # rows of 7) at a time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 4 + 3 and
 # 3 + 3 + 3), a single row of taps, asymmetric padding; stride 2 along both axes (4 output rows at a
 # time; rows of kernels over 9 taps staged into two phases: 32 elements and a partial vector, an odd
-# padding that stages the first element alone), stride 2 along the row only, and stride and dilation
+# padding that stages the first element alone; rows of 14 and 13 windows, whose input rows leave 10
+# and 9 elements past the last whole vector), stride 2 along the row only, and stride and dilation
 # across rows (one output row at a time); 1-D and 3-D. Each contiguous and as views: input rows read
 # with a stride (staged element by element) and a slice of the channels. Rows of kernels up to 3x3
 # at stride 1 along the row, 14 windows or more, are read in place in every dtype (16, 17 and 70
@@ -1372,6 +1380,8 @@ FLOAT_ROW_CASES = {
     "one-row-of-taps": (3, 2, (11, 33), (1, 7), dict(pads_begin=(0, 3), pads_end=(0, 3))),
     "stride-2": (2, 4, (23, 40), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
     "stride-2-5x5": (2, 3, (20, 35), (5, 5), dict(strides=2, pads_begin=2, pads_end=(1, 2))),
+    "stride-2-14-windows": (2, 3, (9, 27), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
+    "stride-2-13-windows": (2, 3, (8, 25), (3, 3), dict(strides=2, pads_begin=(1, 2), pads_end=(1, 1))),
     "stride-2-along-rows": (2, 3, (9, 50), (3, 7), dict(strides=(1, 2), pads_begin=(1, 3), pads_end=(1, 2))),
     "strided-rows": (2, 4, (23, 40), (3, 3), dict(strides=(2, 1), pads_begin=1, pads_end=1)),
     "dilated-rows": (2, 4, (20, 18), (5, 5), dict(dilations=(2, 1), pads_begin=(4, 2), pads_end=(4, 2))),
@@ -1421,12 +1431,11 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
     with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs).
 
-    Where the float row tiles do not run (AVX-512 BF16 without AMX; AVX2 CPUs at stride 2), the
-    channels-last kernel's transposition takes these planes; it skips the input rows that lie in the
-    padding, as ATen does, so the output gradient's corners are not checked there."""
-    if holder == "dy" and not (FLOAT_ROWS or (FLOAT_ROWS_AT_STRIDE_1 and stride == 1)):
-        pytest.skip("the float row tiles run on AVX-512 CPUs without bf16 products, AMX CPUs and, at "
-                    "stride 1, AVX2 CPUs")
+    Where the float row tiles do not run (AVX-512 BF16 without AMX; AVX2 CPUs at stride 2 but in
+    bf16), the channels-last kernel's transposition takes these planes; it skips the input rows that
+    lie in the padding, as ATen does, so the output gradient's corners are not checked there."""
+    if holder == "dy" and not (FLOAT_ROWS or avx2_float_rows(stride, 36 // stride, dtype)):
+        pytest.skip("the float row tiles do not take these planes on this CPU")
     x = rand(data_shape(2, 16, (21, 36), "NCX"), dtype, seed=63)
     dy = rand(data_shape(2, 16, output_size((21, 36), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
                          "NCX"), dtype, seed=64)

@@ -129,20 +129,24 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // bf16/f16, 1.06-1.51 on rows of 28, while f32 rows of 28 windows or stride 2
   // ran 0.87-0.97 times and ConvNeXt's rows of 56 0.87 times, which stay on the
   // channels-last kernel. On the Zen 3 (AVX2's tiles, 8 windows a step, rows
-  // staged; 2026-12-02, 2 threads, N=16, alternating builds by process,
-  // medians; fastest calls), 3 taps at stride 1: MobileNetV2's layer (144
-  // channels, 56x56) 1.18x; 1.06x in f32, 1.68x; 2.03x in bf16, 1.88x; 1.78x
-  // in f16; 112x112 to 7x7 maps 1.43-1.71x in f32, 1.15-1.43x in bf16/f16 (two
-  // runs); 5x5 kernels 1.16-1.35x in f32 but 0.97-1.56x in bf16/f16. Stride 2
-  // ran 0.62-0.98x (staging four times the output's input elements outweighs
-  // the products) and ConvNeXt's 7x7 layer 0.64-0.76x (one row of taps a tile
-  // in 16 registers): those stay on the transposition.
+  // staged; 2026-12-02, 2 threads, N=16, alternating builds by process, two
+  // runs, medians; fastest calls), 3 taps at stride 1: MobileNetV2's layer
+  // (144 channels, 56x56) 1.39x; 1.34x in f32, 1.32x; 1.73x in bf16, 1.88x;
+  // 1.94x in f16; on 28x28 1.61-2.10x; 1.41-1.75x, 14x14 and 7x7 maps in f32
+  // 1.65-1.71x, in bf16/f16 1.17-1.36x; 5x5 kernels 1.16-1.35x in f32 but
+  // 0.97-1.56x in bf16/f16. At stride 2: rows of 14 and 7 windows 1.10-1.56x;
+  // of 28 in bf16 1.26-1.39x, but in f16 1.01-1.11x; 0.88-1.05x and in f32
+  // 0.86-0.99x; 0.76-0.88x; of 56, in f32 1.06-1.15x, in bf16/f16 0.69-0.97x.
+  // ConvNeXt's 7x7 layer ran 0.64-0.76x (one row of taps a tile in 16
+  // registers). Those that did not win stay on the transposition.
   const auto dtype = problem.input.scalar_type();
   const int64_t row_taps = geometry.kernel[2], row_windows = geometry.out[2];
+  const bool avx2_rows_win =
+      geometry.stride[2] == 1 ? row_taps == 3 || (row_taps == 5 && dtype == at::kFloat)
+                              : row_taps == 3 && (row_windows <= 14 || (row_windows <= 28 && dtype == at::kBFloat16));
   const bool float_rows_win =
       calibration == CpuCalibration::Avx512 ||
-      (calibration == CpuCalibration::Avx2 && cpu_runs_avx2_kernels() && geometry.stride[2] == 1 &&
-       (row_taps == 3 || (row_taps == 5 && dtype == at::kFloat))) ||
+      (calibration == CpuCalibration::Avx2 && cpu_runs_avx2_kernels() && avx2_rows_win) ||
       (calibration == CpuCalibration::Avx512Amx &&
        (row_taps == 3 ||
         (row_windows <= 32 && (dtype != at::kFloat || (row_windows <= 16 && geometry.stride[2] == 1)))));

@@ -140,6 +140,8 @@ using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
 using ::torch_convgrad::CPU_CAPABILITY::load_transposed;
 using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
 #elif defined(CPU_CAPABILITY_AVX2)
+using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
+using ::torch_convgrad::CPU_CAPABILITY::load_even_odd_floats;
 using ::torch_convgrad::CPU_CAPABILITY::load_first_floats;
 #endif
 #if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
@@ -1389,15 +1391,18 @@ void channels_first_pairs(const Args& args, int64_t sample_begin, int64_t sample
 // `length` positions `phase_pitch` apart (element w of the padded row in
 // phase w % stride at w / stride). Stride 1 starts each row at `lead`, so
 // that the input row's first element lands on a cache line (aligned stores
-// where the rows are copied). The AVX2 build's tiles read up to a vector
-// past a plane's last row: `staged_size` floats keep it in the buffer.
+// where the rows are copied). The AVX2 build reads and writes whole vectors
+// up to one past a phase's `length` (masked stores are slow on AMD's cores;
+// what it writes there is zero): its phases have a vector more.
 #ifdef CPU_CAPABILITY_AVX512
 constexpr int64_t kRowLanes = 16;  // windows a float row tile's step takes
+constexpr int64_t kPhaseSlack = 0;
 #else
 constexpr int64_t kRowLanes = 8;
+constexpr int64_t kPhaseSlack = kRowLanes;
 #endif
 struct RowLayout {
-  int64_t stride, slices, rows, length, lead, phase_pitch, row_pitch, slice_pitch, plane_pitch, staged_size;
+  int64_t stride, slices, rows, length, lead, phase_pitch, row_pitch, slice_pitch, plane_pitch;
 #ifdef CPU_CAPABILITY_AVX512
   // How a contiguous input row is staged, the same for every row: from
   // element `first` on, vectors of `stride` x 16 elements from `w`, the
@@ -1416,11 +1421,10 @@ struct RowLayout {
     length = args.out[2] + (args.kernel[2] - 1) / stride;
     const int64_t pad = args.pad_begin[2];
     lead = stride == 1 ? (kRowLanes - pad % kRowLanes) % kRowLanes : 0;
-    phase_pitch = round_up(lead + length, kRowLanes);
+    phase_pitch = round_up(lead + length, kRowLanes) + kPhaseSlack;
     row_pitch = stride * phase_pitch;
     slice_pitch = rows * row_pitch;
     plane_pitch = slices * slice_pitch;
-    staged_size = plane_pitch + kRowLanes;
 #ifdef CPU_CAPABILITY_AVX512
     // The elements below stride * length - pad; with stride 2, an odd first
     // one alone, so that the vectors start in phase 0.
@@ -1441,16 +1445,56 @@ struct RowLayout {
     return staged + uz * slice_pitch + uy * row_pitch + lead;
   }
 
+#ifndef CPU_CAPABILITY_AVX512
+  // AVX2: the first `size` elements of a unit-stride row into the phases of
+  // `target`, 8 (16 at stride 2) at a time, the last few loaded masked, with
+  // zeros after them. At stride 2 an odd padding puts the first element alone
+  // into phase 1, so that the vectors start in phase 0. (stage_phases' loop
+  // at stride 2, with its remainder element by element, took as long as
+  // MobileNetV2's stride-2 tiles; masked stores of the last few, 40% of the
+  // staging on the Zen 3.)
+  template <typename T>
+  void stage_row(const T* source, int64_t size, int64_t pad, float* target) const {
+    int64_t w = 0;
+    if (stride == 1) {
+      for (; w + 8 <= size; w += 8) _mm256_storeu_ps(target + pad + w, load_floats(source + w));
+      if (w < size) _mm256_storeu_ps(target + pad + w, load_first_floats(source + w, size - w));
+      return;
+    }
+    if (pad % 2 == 1 && size > 0) {
+      target[phase_pitch + pad / 2] = static_cast<float>(source[0]);
+      w = 1;
+    }
+    const auto store_phases = [&](const std::pair<__m256, __m256>& phases) {
+      _mm256_storeu_ps(target + (w + pad) / 2, phases.first);
+      _mm256_storeu_ps(target + phase_pitch + (w + pad) / 2, phases.second);
+    };
+    for (; w + 16 <= size; w += 16) store_phases(load_even_odd_floats(source + w));
+    if (w < size) {
+      const int64_t count = std::is_same_v<T, float> ? size - w : (size - w) / 2 * 2;
+      store_phases(load_even_odd_floats(source + w, count));
+      if (count < size - w) target[(size - 1 + pad) / 2] = static_cast<float>(source[size - 1]);
+    }
+  }
+#endif
+
   // Stages the input plane `x` (as float) into `staged`, whose padding stays as it is (zero).
   template <typename T>
   void stage(const Args& args, const T* x, float* staged) const {
     const int64_t* x_strides = args.input_strides;
     const int64_t pad = args.pad_begin[2];
 #ifndef CPU_CAPABILITY_AVX512
+    // The elements below stride * length - pad.
+    const int64_t size = std::clamp<int64_t>(stride * length - pad, 0, args.in[2]);
     for (int64_t iz = 0; iz < args.in[0] && iz + args.pad_begin[0] < slices; ++iz)
-      for (int64_t iy = 0; iy < args.in[1] && iy + args.pad_begin[1] < rows; ++iy)
-        stage_phases(x + iz * x_strides[2] + iy * x_strides[3], x_strides[4], args.in[2], stride, pad, length,
-                     phase_pitch, row(staged, iz + args.pad_begin[0], iy + args.pad_begin[1]));
+      for (int64_t iy = 0; iy < args.in[1] && iy + args.pad_begin[1] < rows; ++iy) {
+        const T* source = x + iz * x_strides[2] + iy * x_strides[3];
+        float* target = row(staged, iz + args.pad_begin[0], iy + args.pad_begin[1]);
+        if (x_strides[4] != 1)
+          stage_phases(source, x_strides[4], args.in[2], stride, pad, length, phase_pitch, target);
+        else
+          stage_row(source, size, pad, target);
+      }
 #else
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
@@ -1940,7 +1984,7 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   constexpr bool in_place = false, in_place_stride2 = false;  // the AVX2 build stages every plane
 #endif
   // Zeroed once: every plane writes the same positions.
-  LineAlignedBuffer<float> staged_input(in_place || in_place_stride2 ? 0 : layout.staged_size);
+  LineAlignedBuffer<float> staged_input(in_place || in_place_stride2 ? 0 : layout.plane_pitch);
   const bool share_rows = args.stride[1] == args.stride[2] && args.dilation[1] == 1;
   // Tiles: (slice of taps, first row of taps, rows of taps), the rows of
   // taps split as evenly as possible.

@@ -119,10 +119,10 @@ namespace torch_convgrad::tap_gemm_kernel::CPU_CAPABILITY {
 
 using ::torch_convgrad::CPU_CAPABILITY::LineAlignedBuffer;
 #ifdef CPU_CAPABILITY_AVX512
-using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
 using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
 #endif
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
+using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
 using ::torch_convgrad::CPU_CAPABILITY::load_floats;
 #endif
 
@@ -147,9 +147,6 @@ inline Vector load_as_float(const T* p, int64_t count) { return load_floats(p, f
 using Vector = __m256;
 using LaneMask = __m256i;
 constexpr int64_t kLanes = 8;
-inline LaneMask first_lanes(int64_t count) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 inline Vector zero_vector() { return _mm256_setzero_ps(); }
 inline Vector load(const float* p) { return _mm256_loadu_ps(p); }
 inline Vector load(const float* p, LaneMask mask) { return _mm256_maskload_ps(p, mask); }
