@@ -125,6 +125,9 @@ using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
 using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
 using ::torch_convgrad::CPU_CAPABILITY::load_floats;
 #endif
+#ifdef CPU_CAPABILITY_AVX2
+using ::torch_convgrad::CPU_CAPABILITY::load_first_floats;
+#endif
 
 #if defined(CPU_CAPABILITY_AVX2) || defined(CPU_CAPABILITY_AVX512)
 
@@ -154,16 +157,9 @@ inline void store(float* p, Vector v) { _mm256_storeu_ps(p, v); }
 inline void store(float* p, LaneMask mask, Vector v) { _mm256_maskstore_ps(p, mask, v); }
 inline Vector broadcast(const float* p) { return _mm256_broadcast_ss(p); }
 inline Vector fma(Vector a, Vector b, Vector c) { return _mm256_fmadd_ps(a, b, c); }
-// The first `count` halves only (the others are not read, and are 0), an
-// even count: AVX2 loads them in 32-bit pairs.
-inline __m128i load_halves(const void* p, int64_t count) {
-  const __m128i pairs = _mm_cmpgt_epi32(_mm_set1_epi32(static_cast<int>(count / 2)), _mm_setr_epi32(0, 1, 2, 3));
-  return _mm_maskload_epi32(static_cast<const int*>(p), pairs);
-}
-inline Vector load_as_float(const c10::Half* p, int64_t count) { return _mm256_cvtph_ps(load_halves(p, count)); }
-inline Vector load_as_float(const c10::BFloat16* p, int64_t count) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load_halves(p, count)), 16));
-}
+// The first `count` halves only (the others are not read, and are 0).
+template <typename T>
+inline Vector load_as_float(const T* p, int64_t count) { return load_first_floats(p, count); }
 #endif
 // kLanes elements as float32 (float_lanes.h).
 template <typename T>
