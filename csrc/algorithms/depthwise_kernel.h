@@ -140,6 +140,7 @@ using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
 using ::torch_convgrad::CPU_CAPABILITY::load_transposed;
 using ::torch_convgrad::CPU_CAPABILITY::transpose_registers;
 #elif defined(CPU_CAPABILITY_AVX2)
+using ::torch_convgrad::CPU_CAPABILITY::EvenOdd;
 using ::torch_convgrad::CPU_CAPABILITY::first_lanes;
 using ::torch_convgrad::CPU_CAPABILITY::load_even_odd_floats;
 using ::torch_convgrad::CPU_CAPABILITY::load_first_floats;
@@ -1465,9 +1466,9 @@ struct RowLayout {
       target[phase_pitch + pad / 2] = static_cast<float>(source[0]);
       w = 1;
     }
-    const auto store_phases = [&](const std::pair<__m256, __m256>& phases) {
-      _mm256_storeu_ps(target + (w + pad) / 2, phases.first);
-      _mm256_storeu_ps(target + phase_pitch + (w + pad) / 2, phases.second);
+    const auto store_phases = [&](const EvenOdd& phases) {
+      _mm256_storeu_ps(target + (w + pad) / 2, phases.even);
+      _mm256_storeu_ps(target + phase_pitch + (w + pad) / 2, phases.odd);
     };
     for (; w + 16 <= size; w += 16) store_phases(load_even_odd_floats(source + w));
     if (w < size) {
@@ -1765,6 +1766,37 @@ inline int64_t float_row_tile_steps(const Args& args, int64_t taps, bool share_r
   return args.out[0] * rows * ((args.out[2] + kRowLanes - 1) / kRowLanes);
 }
 
+// How a float row tile walks a plane: kShared output rows at a time where
+// they share input rows (share_rows), the rest one by one. For kRows output
+// rows from row y of slice z, visit<kRows>(dy_rows, x_rows) gets their
+// grad_output rows (`dy_pitch` apart: slices, rows) and the input rows they
+// read through `x` from tap row ky_first of tap slice kz: input row u of the
+// group (output row i reads u = i * kStride + ky where rows are shared, else
+// u = ky). Inlined, with `visit`, so that the tile's sums stay in registers.
+template <int kShared, int kKH, int kStride, typename T, typename Rows, typename Visit>
+__attribute__((always_inline)) inline void for_each_row_group(const Rows& x, const Args& args, int64_t kz,
+                                                              int64_t ky_first, bool share_rows, const T* dy,
+                                                              const int64_t* dy_pitch, Visit&& visit) {
+  const auto rows_at = [&]<int kRows>(int64_t z, int64_t y) __attribute__((always_inline)) {
+    const int64_t uz = z * args.stride[0] + kz * args.dilation[0];
+    const int64_t uy = y * args.stride[1] + ky_first * args.dilation[1];
+    const T* dy_rows[kRows];
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) dy_rows[i] = dy + z * dy_pitch[0] + (y + i) * dy_pitch[1];
+    constexpr int kInputRows = (kRows - 1) * kStride + kKH;
+    decltype(x.row(0, 0)) x_rows[kInputRows];
+#pragma GCC unroll 16
+    for (int u = 0; u < kInputRows; ++u) x_rows[u] = x.row(uz, uy + u * args.dilation[1]);
+    visit.template operator()<kRows>(dy_rows, x_rows);
+  };
+  for (int64_t z = 0; z < args.out[0]; ++z) {
+    int64_t y = 0;
+    if (share_rows)
+      for (; y + kShared <= args.out[1]; y += kShared) rows_at.template operator()<kShared>(z, y);
+    for (; y < args.out[1]; ++y) rows_at.template operator()<1>(z, y);
+  }
+}
+
 #ifdef CPU_CAPABILITY_AVX512
 
 // sums[ky][kx] = sum over output slices z, rows y and windows j of
@@ -1805,20 +1837,11 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
   };
   for (int64_t j = 0; j < whole_begin; j += 16) add_masks(j);
   for (int64_t j = whole_end; j < width; j += 16) add_masks(j);
-  // kRows output rows from `y` of slice `z`: input row u of the tile (output
-  // row i reads u = i * kStride + ky where rows are shared, else u = ky), and
-  // tap kx reads phase kx % kStride of it from window kx / kStride on.
-  // (Inlined, so that the sums stay in registers.)
-  const auto rows_at = [&]<int kRows>(int64_t z, int64_t y) __attribute__((always_inline)) {
-    const int64_t uz = z * args.stride[0] + kz * args.dilation[0];
-    const int64_t uy = y * args.stride[1] + ky_first * args.dilation[1];
-    const T* dy_rows[kRows];
-#pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) dy_rows[i] = dy + z * dy_pitch[0] + (y + i) * dy_pitch[1];
+  // kRows output rows (for_each_row_group): tap kx reads phase kx % kStride
+  // of input row u from window kx / kStride on.
+  const auto rows_at = [&]<int kRows>(const T* const (&dy_rows)[kRows], const auto& x_row)
+                           __attribute__((always_inline)) {
     constexpr int kInputRows = (kRows - 1) * kStride + kKH;
-    decltype(x.row(0, 0)) x_row[kInputRows];
-#pragma GCC unroll 16
-    for (int u = 0; u < kInputRows; ++u) x_row[u] = x.row(uz, uy + u * args.dilation[1]);
     const auto step = [&]<bool kMasked, bool kRightOfWhole>(int64_t j, const uint32_t* masks)
                           __attribute__((always_inline)) {
       next_planes.step();
@@ -1853,12 +1876,7 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
     for (; j < whole_end; j += 16) step.template operator()<false, false>(j, nullptr);
     for (; j < width; j += 16) step.template operator()<true, true>(j, step_masks[masked++]);
   };
-  for (int64_t z = 0; z < args.out[0]; ++z) {
-    int64_t y = 0;
-    if (share_rows)
-      for (; y + kShared <= args.out[1]; y += kShared) rows_at.template operator()<kShared>(z, y);
-    for (; y < args.out[1]; ++y) rows_at.template operator()<1>(z, y);
-  }
+  for_each_row_group<kShared, kKH, kStride>(x, args, kz, ky_first, share_rows, dy, dy_pitch, rows_at);
 #pragma GCC unroll 16
   for (int ky = 0; ky < kKH; ++ky)
 #pragma GCC unroll 16
@@ -1888,17 +1906,10 @@ void float_row_tile(const StagedRows& x, const RowLayout& layout, const Args& ar
   const int64_t width = args.out[2], whole_end = width / 8 * 8, tail = width - whole_end;
   const __m256 tail_lanes = _mm256_castsi256_ps(first_lanes(tail));
   const int64_t phase_pitch = layout.phase_pitch;
-  // As in the AVX-512 tile: kRows output rows from `y` of slice `z`.
-  const auto rows_at = [&]<int kRows>(int64_t z, int64_t y) __attribute__((always_inline)) {
-    const int64_t uz = z * args.stride[0] + kz * args.dilation[0];
-    const int64_t uy = y * args.stride[1] + ky_first * args.dilation[1];
-    const T* dy_rows[kRows];
-#pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) dy_rows[i] = dy + z * dy_pitch[0] + (y + i) * dy_pitch[1];
+  // As in the AVX-512 tile: kRows output rows (for_each_row_group).
+  const auto rows_at = [&]<int kRows>(const T* const (&dy_rows)[kRows], const auto& x_row)
+                           __attribute__((always_inline)) {
     constexpr int kInputRows = (kRows - 1) * kStride + kKH;
-    const float* x_row[kInputRows];
-#pragma GCC unroll 16
-    for (int u = 0; u < kInputRows; ++u) x_row[u] = x.row(uz, uy + u * args.dilation[1]);
     const auto step = [&]<bool kTail>(int64_t j) __attribute__((always_inline)) {
       next_planes.step();
       __m256 dy_lanes[kRows];
@@ -1923,12 +1934,7 @@ void float_row_tile(const StagedRows& x, const RowLayout& layout, const Args& ar
     for (int64_t j = 0; j < whole_end; j += 8) step.template operator()<false>(j);
     if (tail) step.template operator()<true>(whole_end);
   };
-  for (int64_t z = 0; z < args.out[0]; ++z) {
-    int64_t y = 0;
-    if (share_rows)
-      for (; y + kShared <= args.out[1]; y += kShared) rows_at.template operator()<kShared>(z, y);
-    for (; y < args.out[1]; ++y) rows_at.template operator()<1>(z, y);
-  }
+  for_each_row_group<kShared, kKH, kStride>(x, args, kz, ky_first, share_rows, dy, dy_pitch, rows_at);
 #pragma GCC unroll 16
   for (int ky = 0; ky < kKH; ++ky)
 #pragma GCC unroll 16

@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
-#include <utility>
 
 namespace torch_convgrad::CPU_CAPABILITY {
 
@@ -85,16 +84,19 @@ inline __m256 load_first_floats(const T* p, int64_t count) {
 // The even and the odd ones of 16 elements (f32: two vectors; f16/bf16: 8
 // 32-bit words), as float lanes: f32 in two shuffles each, f16/bf16 from the
 // words' halves.
-inline std::pair<__m256, __m256> even_odd_floats(__m256 low, __m256 high) {
+struct EvenOdd {
+  __m256 even, odd;
+};
+inline EvenOdd even_odd_floats(__m256 low, __m256 high) {
   // Within each 128-bit lane, then the lanes' 64-bit halves in order.
   const auto in_order = [](__m256 v) { return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), 0xD8)); };
   return {in_order(_mm256_shuffle_ps(low, high, 0x88)), in_order(_mm256_shuffle_ps(low, high, 0xDD))};
 }
-inline std::pair<__m256, __m256> even_odd_floats(const c10::BFloat16*, __m256i words) {
+inline EvenOdd even_odd_floats(const c10::BFloat16*, __m256i words) {
   return {_mm256_castsi256_ps(_mm256_slli_epi32(words, 16)),
           _mm256_castsi256_ps(_mm256_and_si256(words, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))))};
 }
-inline std::pair<__m256, __m256> even_odd_floats(const c10::Half*, __m256i words) {
+inline EvenOdd even_odd_floats(const c10::Half*, __m256i words) {
   // Per 128-bit lane: 4 even halves, then 4 odd ones; then evens, odds.
   const __m256i packed = _mm256_packus_epi32(_mm256_and_si256(words, _mm256_set1_epi32(0xFFFF)),
                                              _mm256_srli_epi32(words, 16));
@@ -104,7 +106,7 @@ inline std::pair<__m256, __m256> even_odd_floats(const c10::Half*, __m256i words
 // The same of the first `count` (at most 16) elements, the others not read
 // (an odd last 16-bit one is left out: its pair would read past it).
 template <typename T>
-inline std::pair<__m256, __m256> load_even_odd_floats(const T* p, int64_t count = 16) {
+inline EvenOdd load_even_odd_floats(const T* p, int64_t count = 16) {
   if constexpr (std::is_same_v<T, float>) {
     if (count == 16) return even_odd_floats(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8));
     return even_odd_floats(_mm256_maskload_ps(p, first_lanes(count)), _mm256_maskload_ps(p + 8, first_lanes(count - 8)));
