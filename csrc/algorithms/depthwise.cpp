@@ -296,8 +296,9 @@ at::Tensor run(const Problem& problem) {
   const Geometry geometry = geometry_of(problem);
   const kernel::Args args = depthwise_args(problem, geometry);
   // bf16 planes on dot products (Args::bf16_planes) and planes on float row
-  // tiles (Args::float_rows) run faster still in the AVX-512 build's
-  // channels-first kernel, a sample group's planes in order.
+  // tiles (Args::float_rows) run faster still in the channels-first kernel
+  // (the AVX-512 build's, or on AVX2 CPUs the AVX2 build's), a sample group's
+  // planes in order.
   if (args.bf16_planes || args.float_rows)
     return run_depthwise_tasks(problem, geometry, args, (cpu_is_avx512() ? kAvx512 : kAvx2).channels_first, 0, 1);
   const int64_t channels = geometry.in_channels;
