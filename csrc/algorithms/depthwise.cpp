@@ -283,11 +283,14 @@ const Build kPortable{kernel::DEFAULT::channels_last, kernel::DEFAULT::channels_
 // MobileNetV2 3x3, f32, bf16 and f16, both layouts) and groups of 2 and 4
 // channels 1.3-1.6x, but groups that fill the AVX2 build's vector (8 f32
 // channels), which that build broadcasts lane by lane, at 0.8x, and its
-// channels-first kernel at 0.5-0.9x.
+// channels-first kernel at 0.5-0.9x. Planes on bf16 dot products or float
+// row tiles (Args::bf16_planes, Args::float_rows: set only where the CPU
+// runs the AVX2 kernels) take the AVX-512 build's wherever the CPU has it.
 const Build& build_for(const kernel::Args& args, int64_t channels, at::ScalarType dtype) {
   if (!cpu_runs_avx2_kernels()) return kPortable;
-  if (cpu_is_avx512() && use_channels_last(args, channels, kAvx512.lanes(dtype)) &&
-      args.group_channels != kAvx2.lanes(dtype))
+  const bool planes = args.bf16_planes || args.float_rows;
+  if (cpu_is_avx512() && (planes || (use_channels_last(args, channels, kAvx512.lanes(dtype)) &&
+                                     args.group_channels != kAvx2.lanes(dtype))))
     return kAvx512;
   return kAvx2;
 }
@@ -295,14 +298,13 @@ const Build& build_for(const kernel::Args& args, int64_t channels, at::ScalarTyp
 at::Tensor run(const Problem& problem) {
   const Geometry geometry = geometry_of(problem);
   const kernel::Args args = depthwise_args(problem, geometry);
-  // bf16 planes on dot products (Args::bf16_planes) and planes on float row
-  // tiles (Args::float_rows) run faster still in the channels-first kernel
-  // (the AVX-512 build's, or on AVX2 CPUs the AVX2 build's), a sample group's
-  // planes in order.
-  if (args.bf16_planes || args.float_rows)
-    return run_depthwise_tasks(problem, geometry, args, (cpu_is_avx512() ? kAvx512 : kAvx2).channels_first, 0, 1);
   const int64_t channels = geometry.in_channels;
   const Build& build = build_for(args, channels, problem.input.scalar_type());
+  // bf16 planes on dot products (Args::bf16_planes) and planes on float row
+  // tiles (Args::float_rows) run faster still in the channels-first kernel,
+  // a sample group's planes in order.
+  if (args.bf16_planes || args.float_rows)
+    return run_depthwise_tasks(problem, geometry, args, build.channels_first, 0, 1);
   const int64_t lanes = build.lanes(problem.input.scalar_type());
   const bool channels_last = use_channels_last(args, channels, lanes);
   const bool transposes = channels_last && (args.input_strides[1] != 1 || args.grad_output_strides[1] != 1);

@@ -1404,6 +1404,9 @@ constexpr int64_t kPhaseSlack = kRowLanes;
 #endif
 struct RowLayout {
   int64_t stride, slices, rows, length, lead, phase_pitch, row_pitch, slice_pitch, plane_pitch;
+  // The elements of a unit-stride input row that stage() reads: those below
+  // stride * length - pad.
+  int64_t staged_elements;
 #ifdef CPU_CAPABILITY_AVX512
   // How a contiguous input row is staged, the same for every row: from
   // element `first` on, vectors of `stride` x 16 elements from `w`, the
@@ -1426,13 +1429,12 @@ struct RowLayout {
     row_pitch = stride * phase_pitch;
     slice_pitch = rows * row_pitch;
     plane_pitch = slices * slice_pitch;
+    staged_elements = std::clamp<int64_t>(stride * length - pad, 0, args.in[2]);
 #ifdef CPU_CAPABILITY_AVX512
-    // The elements below stride * length - pad; with stride 2, an odd first
-    // one alone, so that the vectors start in phase 0.
-    const int64_t size = std::clamp<int64_t>(stride * length - pad, 0, args.in[2]);
-    first = stride == 2 && pad % 2 == 1 ? std::min<int64_t>(1, size) : 0;
-    for (int64_t w = first; w < size; w += 16 * stride) {
-      const int64_t count = std::min<int64_t>(16 * stride, size - w);
+    // With stride 2, an odd first element alone, so that the vectors start in phase 0.
+    first = stride == 2 && pad % 2 == 1 ? std::min<int64_t>(1, staged_elements) : 0;
+    for (int64_t w = first; w < staged_elements; w += 16 * stride) {
+      const int64_t count = std::min<int64_t>(16 * stride, staged_elements - w);
       Chunk chunk{w, {first_lanes(std::min<int64_t>(16, count)), first_lanes(std::clamp<int64_t>(count - 16, 0, 16))},
                   {first_lanes((count + stride - 1) / stride), first_lanes(count / stride)}};
       chunks.push_back(chunk);
@@ -1485,8 +1487,6 @@ struct RowLayout {
     const int64_t* x_strides = args.input_strides;
     const int64_t pad = args.pad_begin[2];
 #ifndef CPU_CAPABILITY_AVX512
-    // The elements below stride * length - pad.
-    const int64_t size = std::clamp<int64_t>(stride * length - pad, 0, args.in[2]);
     for (int64_t iz = 0; iz < args.in[0] && iz + args.pad_begin[0] < slices; ++iz)
       for (int64_t iy = 0; iy < args.in[1] && iy + args.pad_begin[1] < rows; ++iy) {
         const T* source = x + iz * x_strides[2] + iy * x_strides[3];
@@ -1494,7 +1494,7 @@ struct RowLayout {
         if (x_strides[4] != 1)
           stage_phases(source, x_strides[4], args.in[2], stride, pad, length, phase_pitch, target);
         else
-          stage_row(source, size, pad, target);
+          stage_row(source, staged_elements, pad, target);
       }
 #else
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
