@@ -87,10 +87,13 @@ inline __m256 load_first_floats(const T* p, int64_t count) {
 struct EvenOdd {
   __m256 even, odd;
 };
+// v's 64-bit units 0, 2, 1, 3. (A function, not a lambda: GCC compiles a
+// lambda's conversion to a function pointer without the target pragma's ISA
+// and warns that the ABI of its vector return changes.)
+inline __m256 units_in_order(__m256 v) { return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), 0xD8)); }
 inline EvenOdd even_odd_floats(__m256 low, __m256 high) {
   // Within each 128-bit lane, then the lanes' 64-bit halves in order.
-  const auto in_order = [](__m256 v) { return _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(v), 0xD8)); };
-  return {in_order(_mm256_shuffle_ps(low, high, 0x88)), in_order(_mm256_shuffle_ps(low, high, 0xDD))};
+  return {units_in_order(_mm256_shuffle_ps(low, high, 0x88)), units_in_order(_mm256_shuffle_ps(low, high, 0xDD))};
 }
 inline EvenOdd even_odd_floats(const c10::BFloat16*, __m256i words) {
   return {_mm256_castsi256_ps(_mm256_slli_epi32(words, 16)),

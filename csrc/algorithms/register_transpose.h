@@ -10,20 +10,25 @@
 
 namespace torch_convgrad::CPU_CAPABILITY {
 
+// The low (or high) 64-bit units of each 128-bit lane of a and b, interleaved.
+// (A function, not a lambda: GCC compiles a lambda's conversion to a
+// function pointer without the target pragma's ISA and warns that the ABI of
+// its vector return changes.)
+inline __m512 unpack_pairs(__m512 a, __m512 b, bool high) {
+  const __m512d a64 = _mm512_castps_pd(a), b64 = _mm512_castps_pd(b);
+  return _mm512_castpd_ps(high ? _mm512_unpackhi_pd(a64, b64) : _mm512_unpacklo_pd(a64, b64));
+}
+
 // Within each 128-bit lane k, the 4 x 4 block of rows[0..3] transposed:
 // out[j] lane k holds unit 4 * k + j of rows[0..3], in order. out may be
 // rows.
 inline void transpose_within_lanes(const __m512* rows, __m512* out) {
   const __m512 low01 = _mm512_unpacklo_ps(rows[0], rows[1]), high01 = _mm512_unpackhi_ps(rows[0], rows[1]);
   const __m512 low23 = _mm512_unpacklo_ps(rows[2], rows[3]), high23 = _mm512_unpackhi_ps(rows[2], rows[3]);
-  const auto pairs = [](__m512 a, __m512 b, bool high) {
-    const __m512d a64 = _mm512_castps_pd(a), b64 = _mm512_castps_pd(b);
-    return _mm512_castpd_ps(high ? _mm512_unpackhi_pd(a64, b64) : _mm512_unpacklo_pd(a64, b64));
-  };
-  out[0] = pairs(low01, low23, false);
-  out[1] = pairs(low01, low23, true);
-  out[2] = pairs(high01, high23, false);
-  out[3] = pairs(high01, high23, true);
+  out[0] = unpack_pairs(low01, low23, false);
+  out[1] = unpack_pairs(low01, low23, true);
+  out[2] = unpack_pairs(high01, high23, false);
+  out[3] = unpack_pairs(high01, high23, true);
 }
 
 // columns[j] = lane j of rows[0..15], in registers: a 16 x 16 transpose of
