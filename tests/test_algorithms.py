@@ -1362,7 +1362,9 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # 3 + 3 + 3), a single row of taps, asymmetric padding; stride 2 along both axes (4 output rows at a
 # time; rows of kernels over 9 taps staged into two phases: 32 elements and a partial vector, an odd
 # padding that stages the first element alone; rows of 14 and 13 windows, whose input rows leave 10
-# and 9 elements past the last whole vector), stride 2 along the row only, and stride and dilation
+# and 9 elements past the last whole vector; input rows of 11 and 12 elements, which the AVX2 build
+# stages masked (odd and even padding), and of 16 and 17, one whole vector and two that overlap),
+# stride 2 along the row only, and stride and dilation
 # across rows (one output row at a time); 1-D and 3-D. Each contiguous and as views: input rows read
 # with a stride (staged element by element) and a slice of the channels. Rows of kernels up to 3x3
 # at stride 1 along the row, 14 windows or more, are read in place in every dtype (16, 17 and 70
@@ -1382,6 +1384,10 @@ FLOAT_ROW_CASES = {
     "stride-2-5x5": (2, 3, (20, 35), (5, 5), dict(strides=2, pads_begin=2, pads_end=(1, 2))),
     "stride-2-14-windows": (2, 3, (9, 27), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
     "stride-2-13-windows": (2, 3, (8, 25), (3, 3), dict(strides=2, pads_begin=(1, 2), pads_end=(1, 1))),
+    "stride-2-11-elements": (2, 3, (7, 11), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
+    "stride-2-12-elements": (2, 3, (6, 12), (3, 3), dict(strides=2, pads_begin=(1, 2), pads_end=(1, 1))),
+    "stride-2-16-elements": (2, 3, (5, 16), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
+    "stride-2-17-elements": (2, 3, (5, 17), (3, 3), dict(strides=2)),
     "stride-2-along-rows": (2, 3, (9, 50), (3, 7), dict(strides=(1, 2), pads_begin=(1, 3), pads_end=(1, 2))),
     "strided-rows": (2, 4, (23, 40), (3, 3), dict(strides=(2, 1), pads_begin=1, pads_end=1)),
     "dilated-rows": (2, 4, (20, 18), (5, 5), dict(dilations=(2, 1), pads_begin=(4, 2), pads_end=(4, 2))),
