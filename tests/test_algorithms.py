@@ -46,9 +46,9 @@ FLOAT_ROWS = AVX512 and (AMX or not AVX512_BF16)
 def avx2_float_rows(stride, windows, dtype):
     """Whether an AVX2 CPU runs channels-first planes of 3 taps along the row, `windows` a row at
     `stride` along it, on its float row tiles: at stride 1, and at stride 2 on rows of up to 14
-    windows (28 in bf16)."""
+    windows (28 in bf16 and f16)."""
     return torch.backends.cpu.get_cpu_capability() == "AVX2" and (
-        stride == 1 or windows <= 14 or (windows <= 28 and dtype == torch.bfloat16))
+        stride == 1 or windows <= 14 or (windows <= 28 and dtype != torch.float32))
 
 
 def depthwise_problem(data_format="NXC", dtype=torch.float32, c=16, size=(10, 11)):
@@ -1355,7 +1355,7 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # the row (stride 1 or 2 and dilation 1 along it) run on float row tiles (on AMX CPUs those with 3
 # taps, and with 5 or 7 on rows of at most 32 windows in bf16/f16 and 16 at stride 1 in f32;
 # elsewhere on the other kernels; on AVX2 CPUs, in vectors of 8 windows, those with 3 taps along the
-# row at stride 1 along it or at stride 2 on rows of up to 14 windows, 28 in bf16, and with 5 taps
+# row at stride 1 along it or at stride 2 on rows of up to 14 windows, 28 in bf16/f16, and with 5 taps
 # at stride 1 in f32): rows of 16 windows (one whole vector), 17 and 70 (a partial last one), 5 (a
 # partial vector alone); 19 and 13 output rows, which run 8 (3 taps along the row), 4 (three rows of 7) or 3 (four
 # rows of 7) at a time and the rest one by one; 7x7 and 9x3 kernels (rows of taps split 4 + 3 and
@@ -1437,8 +1437,8 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
     with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs).
 
-    Where the float row tiles do not run (AVX-512 BF16 without AMX; AVX2 CPUs at stride 2 but in
-    bf16), the channels-last kernel's transposition takes these planes; it skips the input rows that
+    Where the float row tiles do not run (AVX-512 BF16 without AMX; AVX2 CPUs at stride 2 in
+    f32), the channels-last kernel's transposition takes these planes; it skips the input rows that
     lie in the padding, as ATen does, so the output gradient's corners are not checked there."""
     if holder == "dy" and not (FLOAT_ROWS or avx2_float_rows(stride, 36 // stride, dtype)):
         pytest.skip("the float row tiles do not take these planes on this CPU")

@@ -138,12 +138,17 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // of 28 in bf16 1.26-1.39x, but in f16 1.01-1.11x; 0.88-1.05x and in f32
   // 0.86-0.99x; 0.76-0.88x; of 56, in f32 1.06-1.15x, in bf16/f16 0.69-0.97x.
   // ConvNeXt's 7x7 layer ran 0.64-0.76x (one row of taps a tile in 16
-  // registers). Those that did not win stay on the transposition.
+  // registers). Those that did not win stay on the transposition. With the
+  // stride-2 rows staged in whole vectors (RowLayout::stage_row; 2026-12-02,
+  // switched in one build, interleaved in one process, medians of four runs),
+  // MobileNetV2's stride-2 layer (rows of 28) ran 1.13-1.32 times as fast in
+  // f16, but 0.86-1.16 in f32, and rows of 56 (112x112 maps, three runs)
+  // 0.84-1.09 in all three dtypes: those stay on the transposition.
   const auto dtype = problem.input.scalar_type();
   const int64_t row_taps = geometry.kernel[2], row_windows = geometry.out[2];
   const bool avx2_rows_win =
       geometry.stride[2] == 1 ? row_taps == 3 || (row_taps == 5 && dtype == at::kFloat)
-                              : row_taps == 3 && (row_windows <= 14 || (row_windows <= 28 && dtype == at::kBFloat16));
+                              : row_taps == 3 && (row_windows <= 14 || (row_windows <= 28 && dtype != at::kFloat));
   const bool float_rows_win =
       calibration == CpuCalibration::Avx512 ||
       (calibration == CpuCalibration::Avx2 && cpu_runs_avx2_kernels() && avx2_rows_win) ||
