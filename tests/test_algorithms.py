@@ -39,6 +39,8 @@ AVX512 = torch.backends.cpu.get_cpu_capability().startswith("AVX512")
 AMX = AVX512 and torch.cpu._is_amx_tile_supported()
 # AVX-512 BF16's bf16 dot products.
 AVX512_BF16 = AVX512 and torch.cpu._is_avx512_bf16_supported()
+# The calibration the cost models pick by (torch_convgrad.algorithms.cpu_calibration()).
+CALIBRATION = torch_convgrad.algorithms.cpu_calibration()
 # Where depthwise channels-first planes of 3 taps along the row run on float row tiles.
 FLOAT_ROWS = AVX512 and (AMX or not AVX512_BF16)
 
@@ -674,7 +676,8 @@ def test_the_selector_avoids_slow_paths(data_format):
     """Choices measured on the calibrated CPUs: the dedicated kernel for small depthwise problems
     and groups of a few channels (33 us against ATen's 134 on Zen 3, 45 against 77 on Sapphire
     Rapids), and GEMMs for wide 1x1 problems on NCX data (a plain product per sample, which ATen
-    computes through its convolution machinery; on NXC data ATen's is a plain product too). For
+    computes through its convolution machinery; on NXC data ATen's is a plain product too), but
+    on the Zen 5, where MKL's products run AVX2 code and oneDNN's are faster (ZEN5_PICKS). For
     a tiny problem whose accumulator is already the requested XIO layout, the direct loops where
     oneDNN runs AVX2 kernels (28 us against 36), and ATen where it runs AVX-512 ones (22 against
     29 on Sapphire Rapids; on Zen 4 the two tie at 30)."""
@@ -684,7 +687,7 @@ def test_the_selector_avoids_slow_paths(data_format):
         x, dy = rand([1, 8, 8, 8], seed=5), rand([1, 8, 8, 16], seed=6)
         assert run(None, x, dy, [3, 3, 8, 16], dict(pads_begin=1, pads_end=1, data_format="NXC",
                                                     filter_format="XIO"))[1] == ("aten" if AVX512 else "direct")
-    if data_format == "NCX":
+    if data_format == "NCX" and CALIBRATION != "avx512_bf16_wide":  # the Zen 5's: ZEN5_PICKS
         x, dy = rand([8, 256, 14, 14], seed=5), rand([8, 256, 14, 14], seed=6)
         assert run(None, x, dy, [256, 256, 1, 1], dict(data_format="NCX", filter_format="OIX"))[1] == "gemm"
 
@@ -1451,10 +1454,11 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     assert ran == "depthwise"
     assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 3], **attributes))
 
-@pytest.mark.skipif(not AVX512 or AMX, reason="the calibration of AVX-512 CPUs without AMX")
+@pytest.mark.skipif(CALIBRATION not in ("avx512", "avx512_bf16"),
+                    reason="the calibrations of AVX-512 CPUs without AMX, but the Zen 5's")
 def test_f32_strided_channels_last_depthwise_goes_to_the_depthwise_kernel():
     """MobileNetV2's stride-2 depthwise layer, channels-last f32: the depthwise kernel ran it 1.55-1.6
-    times as fast as oneDNN (Zen 4, 2 threads)."""
+    times as fast as oneDNN (Zen 4, 2 threads); on a Zen 5 oneDNN ran it faster (ZEN5_PICKS)."""
     x, dy = rand(data_shape(16, 144, (56, 56), "NXC"), seed=5), rand(data_shape(16, 144, (28, 28), "NXC"), seed=6)
     attributes = dict(strides=2, pads_begin=1, pads_end=1, groups=144, data_format="NXC", filter_format="OIX")
     assert run(None, x, dy, [144, 1, 3, 3], attributes)[1] == "depthwise"
@@ -1466,10 +1470,11 @@ def test_f32_1d_layer_picks(data_format):
     """The benchmark's 1-D layer (k10 s5, 32 -> 64 channels, 16000 samples) in f32: on a Zen 4
     oneDNN ran it at 43 GMAC/s channels-last and 60 channels-first, the fused kernel at 68 in
     either layout, which its packing costs more of channels-first (2 threads, 1.01-1.09x); on a
-    Cascade Lake oneDNN at 24 and 33, gemm at 61 and 38 (1.13x channels-first)."""
+    Cascade Lake oneDNN at 24 and 33, gemm at 61 and 38 (1.13x channels-first); on a Zen 5 gemm
+    ran it 1.26-2.04x as fast as oneDNN in either layout (two runs)."""
     x, dy = rand(data_shape(4, 32, (16000,), data_format), seed=5), rand(data_shape(4, 64, (3199,), data_format), seed=6)
     attributes = dict(strides=5, data_format=data_format, filter_format="OIX")
-    expected = "aten" if data_format == "NCX" and AVX512_BF16 else "gemm"
+    expected = "aten" if data_format == "NCX" and CALIBRATION == "avx512_bf16" else "gemm"
     assert run(None, x, dy, [64, 32, 10], attributes)[1] == expected
 
 
@@ -1535,16 +1540,76 @@ AVX2_PICKS = [
 ]
 
 
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX2", reason="the calibration of AVX2 CPUs")
-@pytest.mark.parametrize("name,layout,dtype,pick", AVX2_PICKS)
-def test_avx2_picks(name, layout, dtype, pick):
+def benchmark_layer_pick(name, layout, dtype):
+    """The algorithm the selector picks for the benchmark's layer whose name starts with `name`."""
     from torch_convgrad import benchmark
     case = next(case for case in benchmark.CASES if case.name.startswith(name))
     problem = benchmark.Problem.make(case, case.ops[0], layout, benchmark.DTYPES[dtype], torch.device("cpu"),
                                      torch.Generator().manual_seed(0))
     with torch_convgrad.use_algorithm(None):
         problem.ours()
-    assert torch_convgrad.last_algorithm() == pick
+    return torch_convgrad.last_algorithm()
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX2", reason="the calibration of AVX2 CPUs")
+@pytest.mark.parametrize("name,layout,dtype,pick", AVX2_PICKS)
+def test_avx2_picks(name, layout, dtype, pick):
+    assert benchmark_layer_pick(name, layout, dtype) == pick
+
+
+# The Zen 5 calibration's picks where they differ from the Zen 4's model, each measured faster by
+# 1.15x or more in two runs of benchmarks/forced_algorithms.py on an AMD EPYC (Zen 5, 2 threads,
+# 2026-12-02; ms, the two runs): oneDNN for ResNet-50's channels-first f32 1x1 layers, where MKL's
+# products (gemm) run AVX2 code (64 -> 256: 4.58, 4.41 against 5.64, 5.84; 1024 -> 256: 3.65, 2.94
+# against 5.39, 4.72; stride 2: 6.54, 6.58 against 12.6, 11.7; in f16 1024 -> 256: 4.08, 3.38
+# against 5.23, 4.73) and for MobileNetV2's channels-last f32 stride-2 layer (0.76, 0.98 against
+# the depthwise kernel's 1.03, 1.14); the fused kernel (gemm) for the channels-first stride-2 3x3
+# f32 layer (6.12, 6.11 against 8.83, 7.72), DCGAN's channels-last f16 (7.84, 7.91 against 10.2,
+# 9.16) and the 1-D layer's channels-first f32 (1.88, 1.97 against 2.37, 2.53); oneDNN's bf16
+# matmul for ResNet-50's channels-first 1x1 64 -> 256 (1.98, 1.73 against 3.47, 3.30) and U-Net's
+# channels-first bf16 layer (1.09, 1.10 against gemm's 1.56, 1.62).
+ZEN5_PICKS = [
+    # (layer name's start, layout, dtype, pick)
+    ("resnet50 1x1 64->256", "NCX", "f32", "aten"),
+    ("resnet50 1x1 1024->256", "NCX", "f32", "aten"),
+    ("resnet50 1x1 s2", "NCX", "f32", "aten"),
+    ("resnet50 1x1 1024->256", "NCX", "f16", "aten"),
+    ("mobilenetv2 dw 3x3 s2", "NXC", "f32", "aten"),
+    ("resnet50 3x3 s2", "NCX", "f32", "gemm"),
+    ("dcgan convT", "NXC", "f16", "gemm"),
+    ("audio 1-D", "NCX", "f32", "gemm"),
+    ("resnet50 1x1 64->256", "NCX", "bf16", "matmul"),
+    ("unet convT", "NCX", "bf16", "matmul"),
+]
+
+
+@pytest.mark.skipif(CALIBRATION != "avx512_bf16_wide", reason="the calibration of AMD's family 1Ah (Zen 5)")
+@pytest.mark.parametrize("name,layout,dtype,pick", ZEN5_PICKS)
+def test_zen5_picks(name, layout, dtype, pick):
+    assert benchmark_layer_pick(name, layout, dtype) == pick
+
+
+def cpuinfo_field(name):
+    """The first value of `name` in /proc/cpuinfo, or None."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == name:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+@pytest.mark.skipif(cpuinfo_field("vendor_id") is None, reason="needs Linux's /proc/cpuinfo")
+def test_cpu_calibration_follows_the_cpu():
+    """The calibration follows ATen's capability, AMX, AVX-512 BF16 and, between AMD's Zen 4 and
+    Zen 5 (the same features), the family /proc/cpuinfo reports (25 and 26)."""
+    zen5_or_later = cpuinfo_field("vendor_id") == "AuthenticAMD" and int(cpuinfo_field("cpu family")) >= 26
+    expected = ("avx2" if not AVX512 else "avx512_amx" if AMX else "avx512" if not AVX512_BF16
+                else "avx512_bf16_wide" if zen5_or_later else "avx512_bf16")
+    assert CALIBRATION == expected
 
 
 @pytest.mark.parametrize("data_format", ["NXC", "NCX"])

@@ -12,7 +12,7 @@ library = ctypes.CDLL(_C.__file__)
 library.torch_convgrad_force_algorithm.argtypes = [ctypes.c_char_p]
 library.torch_convgrad_force_algorithm.restype = ctypes.c_int
 for _name in ("torch_convgrad_forced_algorithm", "torch_convgrad_last_algorithm", "torch_convgrad_algorithm_names",
-              "torch_convgrad_compiler"):
+              "torch_convgrad_compiler", "torch_convgrad_cpu_calibration"):
     getattr(library, _name).argtypes = []
     getattr(library, _name).restype = ctypes.c_char_p
 

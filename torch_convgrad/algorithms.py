@@ -34,12 +34,30 @@ from typing import Iterator, Optional, Tuple
 
 from ._library import library as _library
 
-__all__ = ["algorithm_names", "last_algorithm", "use_algorithm"]
+__all__ = ["algorithm_names", "cpu_calibration", "last_algorithm", "use_algorithm"]
 
 
 def algorithm_names() -> Tuple[str, ...]:
     """The names ``use_algorithm`` accepts, e.g. ``('aten', 'gemm', ...)``."""
     return tuple(_library.torch_convgrad_algorithm_names().decode().split(","))
+
+
+def cpu_calibration() -> str:
+    """The calibration of this CPU that the cost models pick algorithms by.
+
+    One of ``"avx2"`` (measured on an AMD Zen 3), ``"avx512"`` (AVX-512 without
+    bf16 products: an Intel Cascade Lake), ``"avx512_bf16"`` (AVX-512 BF16
+    without AMX: an AMD Zen 4), ``"avx512_bf16_wide"`` (the same on AMD's family
+    1Ah, with whole 512-bit units: an AMD Zen 5) and ``"avx512_amx"`` (an Intel
+    Sapphire Rapids), chosen once by what the CPU reports and ATen's CPU
+    capability (``ATEN_CPU_CAPABILITY=avx2`` gives ``"avx2"`` anywhere).
+
+    Example::
+
+        >>> cpu_calibration() in ("avx2", "avx512", "avx512_bf16", "avx512_bf16_wide", "avx512_amx")
+        True
+    """
+    return _library.torch_convgrad_cpu_calibration().decode()
 
 
 def last_algorithm() -> Optional[str]:

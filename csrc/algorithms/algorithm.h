@@ -113,15 +113,22 @@ bool cpu_runs_avx2_kernels();
 // and honours ATEN_CPU_CAPABILITY).
 bool cpu_is_avx512();
 // The calibration the CPU cost models use, chosen by what the CPU has: ATen's
-// capability (cpu_is_avx512()) and AMX tiles. Each was measured on one CPU,
-// with 2 threads.
+// capability (cpu_is_avx512()), bf16 products, AMX tiles and, where CPUID's
+// features are the same, AMD's family. Each was measured on one CPU, with 2
+// threads.
 enum class CpuCalibration {
   Avx2,        // an AMD EPYC (Zen 3)
   Avx512,      // AVX-512 without bf16 products: an Intel Xeon (Cascade Lake)
   Avx512Bf16,  // AVX-512 with AVX-512 BF16's dot products, no AMX: an AMD EPYC (Zen 4)
-  Avx512Amx,   // an Intel Xeon (Sapphire Rapids)
+  // The same on AMD's family 1Ah, whose server cores execute 512-bit
+  // instructions whole where the Zen 4 splits them in two: an AMD EPYC (Zen 5).
+  Avx512Bf16Wide,
+  Avx512Amx,  // an Intel Xeon (Sapphire Rapids)
 };
 CpuCalibration cpu_calibration();
+// Its name as torch_convgrad.algorithms.cpu_calibration() gives it: "avx2",
+// "avx512", "avx512_bf16", "avx512_bf16_wide" or "avx512_amx".
+const char* cpu_calibration_name();
 // Whether the CPU multiplies bf16 on AMX tiles, as oneDNN does for its bf16
 // convolutions there.
 bool cpu_has_amx_bf16();

@@ -556,6 +556,31 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   return g.macs() / macs_per_second;
 }
 
+// How many times as fast as avx512_cpu_seconds's Zen 4 model oneDNN ran the
+// benchmark's layers on an AMD EPYC (Zen 5, 2 threads, torch 2.13,
+// 2026-12-02, benchmarks/forced_algorithms.py): float32 (and f16 on its
+// copies) 1.5-1.7 times with several taps channels-last and 1.8-2.0
+// channels-first, 1x1 1.7-1.8 channels-last and 1.3-1.7 channels-first;
+// slower than on the Zen 4 channels-last with a stride that does not divide
+// the kernel (ResNet-50's stride-2 3x3, 0.89) or 3-D (0.71), 1.35-1.4
+// channels-first; bf16 on its dot products 1.2-1.7 (U-Net's 2-D layer, a
+// stride that divides the kernel with 64 output channels, 0.76-0.89);
+// depthwise 3x3 2.0-2.1 channels-last, 1.3 channels-first in f32 and 0.87 in
+// bf16.
+double avx512_wide_speedup(const Problem& problem, const Geometry& g, bool nxc) {
+  const bool bf16_products = problem.input.scalar_type() == at::kBFloat16;
+  if (g.in_channels == g.groups && g.out_channels == g.groups) return nxc ? 2.05 : bf16_products ? 0.87 : 1.3;
+  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  if (bf16_products)
+    return problem.spatial_rank() > 1 && strided && g.taps() > 1 && strides_divide_kernel(g) &&
+                   std::min(g.in_channels, g.out_channels) < 128
+               ? 0.8
+               : 1.4;
+  if (g.taps() == 1) return nxc ? 1.75 : 1.45;
+  if ((strided && !strides_divide_kernel(g)) || problem.spatial_rank() == 3) return nxc ? 0.8 : 1.35;
+  return nxc ? 1.55 : 1.85;
+}
+
 bool not_yet_channels_first(const Problem& problem) {
   return !dense_in(problem.input, DataLayout::ChannelsFirst) ||
          !dense_in(problem.grad_output, DataLayout::ChannelsFirst);
@@ -670,10 +695,13 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   if (layout == DataLayout::ChannelsFirst) return 1e30;
   const bool nxc = channels_last || is_channels_last(problem.input);
   const CpuCalibration calibration = cpu_calibration();
-  double onednn_seconds = calibration == CpuCalibration::Avx512Amx    ? avx512_amx_cpu_seconds(problem, g, nxc)
-                          : calibration == CpuCalibration::Avx512Bf16 ? avx512_cpu_seconds(problem, g, nxc)
-                          : calibration == CpuCalibration::Avx512     ? avx512_without_bf16_cpu_seconds(problem, g, nxc)
-                                                                      : avx2_cpu_seconds(problem, g, nxc);
+  double onednn_seconds =
+      calibration == CpuCalibration::Avx512Amx        ? avx512_amx_cpu_seconds(problem, g, nxc)
+      : calibration == CpuCalibration::Avx512Bf16     ? avx512_cpu_seconds(problem, g, nxc)
+      : calibration == CpuCalibration::Avx512Bf16Wide ? avx512_cpu_seconds(problem, g, nxc) /
+                                                            avx512_wide_speedup(problem, g, nxc)
+      : calibration == CpuCalibration::Avx512         ? avx512_without_bf16_cpu_seconds(problem, g, nxc)
+                                                      : avx2_cpu_seconds(problem, g, nxc);
   // float64 products at half the float32 rate (depthwise is counted in bytes).
   if (problem.input.scalar_type() == at::kDouble && !depthwise) onednn_seconds *= 2;
   // A 3-D problem's padding materialised (materialises_padding): its input
@@ -697,10 +725,13 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
   const bool converts = problem.input.scalar_type() == at::kHalf || !runs_bf16_natively(problem.input) ||
                         (problem.input.scalar_type() == at::kBFloat16 &&
                          !onednn_takes_bf16(nxc, g.groups, g.kernel, g.dilation));
-  const double convert_bytes_per_second = calibration == CpuCalibration::Avx512Amx    ? 25e9
-                                          : calibration == CpuCalibration::Avx512Bf16 ? 80e9
-                                          : calibration == CpuCalibration::Avx512     ? 20e9
-                                                                                      : 10e9;
+  // On the Zen 5 (2026-12-02) the f16 layers took 0-1.7 ms longer than
+  // float32 ones (ResNet-50's, 20-55 GB/s so counted).
+  const double convert_bytes_per_second = calibration == CpuCalibration::Avx512Amx        ? 25e9
+                                          : calibration == CpuCalibration::Avx512Bf16     ? 80e9
+                                          : calibration == CpuCalibration::Avx512Bf16Wide ? 35e9
+                                          : calibration == CpuCalibration::Avx512         ? 20e9
+                                                                                          : 10e9;
   if (converts) seconds += g.data_bytes(4) * 2 / convert_bytes_per_second;
   return seconds;
 }

@@ -344,13 +344,21 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   // 2026-11-25) ran faster the wider B: at 61-66 GMAC/s with 32 columns,
   // 70-82 with 64 and 84-95 with 256 and more on maps of 14x14 and 7x7; on
   // 28x28 and 56x56 maps (from 4096 rows) at 72-84 whatever the width.
+  // On the Zen 5 (2026-12-02, the benchmark's layers) the fused kernel ran
+  // layers of several taps about twice as fast as this model of the Zen 4
+  // says (1.8-2.25), and 1x1 layers at 129-145 GMAC/s whatever B's width;
+  // MKL's products ran 0.7-0.93 times as fast.
+  const bool zen5 = calibration == CpuCalibration::Avx512Bf16Wide;
+  if (zen5 && fused && g.taps() == 1) return 140e9 * fused_avx512_width;
+  const double zen5_speedup = !zen5 ? 1.0 : fused ? 2.0 : 0.85;
   if (fused && !amx_cpu && g.taps() == 1) {
     const double rows = static_cast<double>(g.batch) * g.out[0] * g.out[1] * g.out[2];
     return cascade_lake * 92e9 * std::min(1.0, 0.7 + 0.1 * std::log2(b_width / 32.0)) * fused_avx512_width *
            (rows >= 4096 ? 0.85 : 1.0);
   }
-  return cascade_lake * (fused ? (amx_cpu ? 130e9 : 85e9) * one_axis * fused_avx512_width * width(b_width)
-                               : (amx_cpu ? 150e9 : 88e9) * width(in_per_group) * width(out_per_group));
+  return cascade_lake * zen5_speedup *
+         (fused ? (amx_cpu ? 130e9 : 85e9) * one_axis * fused_avx512_width * width(b_width)
+                : (amx_cpu ? 150e9 : 88e9) * width(in_per_group) * width(out_per_group));
 }
 
 // Whether run() hands both operands to the fused kernel as channels-last

@@ -164,12 +164,45 @@ bool cpu_has_avx512_bf16() {
   return avx512_bf16;
 }
 
+namespace {
+
+// Whether CPUID names AMD as the vendor and a family of at least `family`
+// (base plus extended family, as AMD counts them: 19h Zen 3 and 4, 1Ah Zen 5).
+bool amd_family_at_least(unsigned family) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(0, &eax, &ebx, &ecx, &edx)) return false;
+  // "AuthenticAMD", in EBX, EDX, ECX order.
+  if (ebx != 0x68747541u || edx != 0x69746e65u || ecx != 0x444d4163u) return false;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  const unsigned base = (eax >> 8) & 0xf, extended = (eax >> 20) & 0xff;
+  return (base == 0xf ? base + extended : base) >= family;
+#else
+  (void)family;
+  return false;
+#endif
+}
+
+}  // namespace
+
 CpuCalibration cpu_calibration() {
-  static const CpuCalibration calibration = !cpu_is_avx512()       ? CpuCalibration::Avx2
-                                            : cpu_has_amx_bf16()    ? CpuCalibration::Avx512Amx
-                                            : cpu_has_avx512_bf16() ? CpuCalibration::Avx512Bf16
-                                                                    : CpuCalibration::Avx512;
+  static const CpuCalibration calibration = !cpu_is_avx512()           ? CpuCalibration::Avx2
+                                            : cpu_has_amx_bf16()        ? CpuCalibration::Avx512Amx
+                                            : !cpu_has_avx512_bf16()    ? CpuCalibration::Avx512
+                                            : amd_family_at_least(0x1a) ? CpuCalibration::Avx512Bf16Wide
+                                                                        : CpuCalibration::Avx512Bf16;
   return calibration;
+}
+
+const char* cpu_calibration_name() {
+  switch (cpu_calibration()) {
+    case CpuCalibration::Avx2: return "avx2";
+    case CpuCalibration::Avx512: return "avx512";
+    case CpuCalibration::Avx512Bf16: return "avx512_bf16";
+    case CpuCalibration::Avx512Bf16Wide: return "avx512_bf16_wide";
+    case CpuCalibration::Avx512Amx: return "avx512_amx";
+  }
+  return "";
 }
 
 }  // namespace torch_convgrad

@@ -233,7 +233,9 @@ bool costed_f32_on_cpu(const Problem& problem, const Geometry& g, const OperandV
 // for (by default no TF32, 0.3-0.7x of cuDNN's TF32); the TF32 rate is the
 // benchmark's roofline's (400 TFLOP/s on square products), halved.
 double cost(const Problem& problem, const Geometry& g) {
-  const bool cpu_bf16 = multiplies_bf16_on_cpu(problem, g) && cpu_calibration() == CpuCalibration::Avx512Bf16;
+  const CpuCalibration calibration = cpu_calibration();
+  const bool cpu_bf16 = multiplies_bf16_on_cpu(problem, g) && (calibration == CpuCalibration::Avx512Bf16 ||
+                                                               calibration == CpuCalibration::Avx512Bf16Wide);
   const OperandView windows = windows_of(problem, g), grad_output = grad_output_of(problem, g);
   const bool cpu_f32 = costed_f32_on_cpu(problem, g, windows, grad_output);
   if (!problem.input.is_cuda() && !cpu_bf16 && !cpu_f32) return 1e30;
@@ -261,8 +263,15 @@ double cost(const Problem& problem, const Geometry& g) {
     // channels-last, which has none).
     const auto width = [](double channels) { return width_share(channels, 255, 250); };
     const double columns = static_cast<double>(g.in_channels / g.groups) * g.taps();
-    const double macs_per_second = 160e9 * width(static_cast<double>(g.out_channels / g.groups)) * width(columns);
-    return 15e-6 + copy_bytes / 30e9 + g.macs() / macs_per_second;
+    // On the Zen 5 (2026-12-02, two runs) the products ran 1.8-2 times as
+    // fast, the 1-D layer's (rows along one axis) 1.1-1.2 times, and the
+    // copies cost less still: ResNet-50's channels-first 1x1 layers ran as
+    // fast as their channels-last twins, or faster.
+    const bool zen5 = calibration == CpuCalibration::Avx512Bf16Wide;
+    const double zen5_speedup = !zen5 ? 1.0 : g.in[0] == 1 && g.in[1] == 1 ? 1.15 : 1.9;
+    const double macs_per_second =
+        zen5_speedup * 160e9 * width(static_cast<double>(g.out_channels / g.groups)) * width(columns);
+    return 15e-6 + copy_bytes / (zen5 ? 100e9 : 30e9) + g.macs() / macs_per_second;
   }
   if (cpu_f32) {
     // Measured on an Intel Xeon (Cascade Lake, 2 threads, 2026-11-27): MKL's
@@ -277,7 +286,7 @@ double cost(const Problem& problem, const Geometry& g) {
     // 8 GB/s (15.1-17.3 ms against gemm's 19.0-25.8), its 1x1 64 -> 256 at
     // 36-42 (tied with oneDNN and gemm), its 1x1 1024 -> 256 at 44-45 (tied
     // with gemm), U-Net's and the 1-D layer 0.7-0.85 times as fast as gemm.
-    const bool avx2 = cpu_calibration() == CpuCalibration::Avx2;
+    const bool avx2 = calibration == CpuCalibration::Avx2;
     const auto width = [](double channels) { return width_share(channels, 200, 200); };
     const double columns = static_cast<double>(g.in_channels) * g.taps();
     const double macs_per_second = (avx2 ? 55e9 : 95e9) * width(static_cast<double>(g.out_channels)) * width(columns);

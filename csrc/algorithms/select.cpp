@@ -100,6 +100,9 @@ const char* torch_convgrad_last_algorithm() {
   return torch_convgrad::last_algorithm ? torch_convgrad::last_algorithm->name : "";
 }
 
+// The CPU calibration the cost models use (cpu_calibration_name()).
+const char* torch_convgrad_cpu_calibration() { return torch_convgrad::cpu_calibration_name(); }
+
 // Every algorithm's name, comma-separated.
 const char* torch_convgrad_algorithm_names() {
   static const std::string names = torch_convgrad::algorithm_names();
