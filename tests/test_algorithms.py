@@ -42,7 +42,7 @@ AVX512_BF16 = AVX512 and torch.cpu._is_avx512_bf16_supported()
 # The calibration the cost models pick by (torch_convgrad.algorithms.cpu_calibration()).
 CALIBRATION = torch_convgrad.algorithms.cpu_calibration()
 # Where depthwise channels-first planes of 3 taps along the row run on float row tiles.
-FLOAT_ROWS = AVX512 and (AMX or not AVX512_BF16)
+FLOAT_ROWS = AVX512 and (AMX or not AVX512_BF16 or CALIBRATION == "avx512_bf16_wide")
 
 
 def avx2_float_rows(stride, windows, dtype):
@@ -1440,8 +1440,8 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
     with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs).
 
-    Where the float row tiles do not run (AVX-512 BF16 without AMX; AVX2 CPUs at stride 2 in
-    f32), the channels-last kernel's transposition takes these planes; it skips the input rows that
+    Where the float row tiles do not run (AVX-512 BF16 without AMX, but on the Zen 5; AVX2 CPUs
+    at stride 2 in f32), the channels-last kernel's transposition takes these planes; it skips the input rows that
     lie in the padding, as ATen does, so the output gradient's corners are not checked there."""
     if holder == "dy" and not (FLOAT_ROWS or avx2_float_rows(stride, 36 // stride, dtype)):
         pytest.skip("the float row tiles do not take these planes on this CPU")

@@ -150,7 +150,15 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // switched in one build, interleaved in one process, medians of four runs),
   // MobileNetV2's stride-2 layer (rows of 28) ran 1.13-1.32 times as fast in
   // f16, but 0.86-1.16 in f32, and rows of 56 (112x112 maps, three runs)
-  // 0.84-1.09 in all three dtypes: those stay on the transposition.
+  // 0.84-1.09 in all three dtypes: those stay on the transposition. On an
+  // AMD EPYC (Zen 5, 2026-12-02, 2 threads, switched in one build,
+  // interleaved in one process), against the transposition and, in bf16 at
+  // stride 1, the dot-product planes below: 3 taps along the row 1.2-2.1
+  // times as fast (MobileNetV2's layer at 56x56 1.9 in f32 and f16, 1.2 in
+  // bf16; its stride-2 layer 1.5-1.95; 112x112 to 7x7 maps 1.19-4.7), 5 taps
+  // 1.3-3.5 in bf16/f16 but 0.81-0.97 in f32, 7 taps 1.0-1.33 in f32 and on
+  // rows of up to 28 windows 1.05-2.45 in bf16/f16, where ConvNeXt's rows of
+  // 56 ran 0.72-0.9 times and stay there.
   const auto dtype = problem.input.scalar_type();
   const int64_t row_taps = geometry.kernel[2], row_windows = geometry.out[2];
   const bool avx2_rows_win =
@@ -161,7 +169,9 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
       (calibration == CpuCalibration::Avx2 && cpu_runs_avx2_kernels() && avx2_rows_win) ||
       (calibration == CpuCalibration::Avx512Amx &&
        (row_taps == 3 ||
-        (row_windows <= 32 && (dtype != at::kFloat || (row_windows <= 16 && geometry.stride[2] == 1)))));
+        (row_windows <= 32 && (dtype != at::kFloat || (row_windows <= 16 && geometry.stride[2] == 1))))) ||
+      (calibration == CpuCalibration::Avx512Bf16Wide &&
+       (row_taps == 3 || (dtype == at::kFloat ? row_taps == 7 : row_taps == 5 || row_windows <= 28)));
   args.float_rows = float_rows_win && dtype != at::kDouble && args.group_channels == 1 &&
                     kernel::float_row_taps(row_taps) && geometry.stride[2] <= 2 && geometry.dilation[2] == 1 &&
                     args.input_strides[1] != 1 && args.grad_output_strides[1] != 1 &&
