@@ -79,7 +79,7 @@ def test_bench_prints_the_header_table_and_summary(capsys, monkeypatch, algorith
     status = benchmark.main(["--quick", "--repeats", "2", "--dtypes", "f32", "--cases", "2-D"], cases=TINY_CASES)
     output = capsys.readouterr().out
     assert status == 0
-    for expected in ("torch " + torch.__version__, "threads", "torch.mm GFLOP/s f32", "read bandwidth"):
+    for expected in ("torch " + torch.__version__, "threads", "GEMM GFLOP/s f32", "read bandwidth"):
         assert expected in output
     header, rows = _table_rows(output)
     columns = [cell.strip() for cell in header if cell.strip()]
@@ -104,7 +104,7 @@ def test_the_roofline_is_the_higher_of_two_measurements(capsys, monkeypatch):
                             cases=TINY_CASES)
     output = capsys.readouterr().out
     assert status == 0 and rows
-    assert "roofline measured again after the cases: torch.mm GFLOP/s f32 4.0" in output
+    assert "roofline measured again after the cases: GEMM GFLOP/s f32 4.0" in output
     for row in rows:
         flops, traffic_bytes, dtype = row.bound
         assert row.roofline_fraction == pytest.approx(max(flops / 4e9, traffic_bytes / 4e8) / row.ours[0])

@@ -14,8 +14,10 @@ each data layout (NXC, NCX) and each dtype (f32, bf16, f16), the benchmark
    the host);
 3. compares our median with a roofline measured in the same run, before and
    after the cases (the higher of each rate, since a noisy neighbour can
-   depress one measurement): the best ``torch.mm`` rate for the dtype and the
-   read bandwidth of ``Tensor.sum``.
+   depress one measurement): the best GEMM rate for the dtype (``torch.mm``, and
+   on CPUs a 1x1 convolution on channels-last data too, oneDNN's GEMM, which
+   outruns MKL's ``torch.mm`` on AMD's AVX-512 CPUs) and the read bandwidth of
+   ``Tensor.sum``.
    Roofline time = max(2 * MACs / GEMM rate, bytes of both data tensors and the
    result / bandwidth); %roofline = roofline time / our median.
 
@@ -333,7 +335,7 @@ def median_and_spread(times: Sequence[float]) -> tuple:
 
 @dataclasses.dataclass
 class Roofline:
-    """Best measured ``torch.mm`` FLOP/s per dtype and ``Tensor.sum`` read bytes/s."""
+    """Best measured GEMM FLOP/s per dtype (``measure_roofline``) and ``Tensor.sum`` read bytes/s."""
 
     gemm_rate: dict
     read_bandwidth: float
@@ -361,7 +363,10 @@ def _best_seconds(function: Callable, device: torch.device, budget: float) -> fl
 
 def measure_roofline(device: torch.device, dtypes: Sequence[torch.dtype], quick: bool) -> Roofline:
     """GEMM rates: square (compute bound) and skinny ``(M, K) @ (K, N)`` with a long K
-    (the shape of a weight gradient), best per dtype; read bandwidth: sum of 256 MB of f32."""
+    (the shape of a weight gradient), best per dtype; on CPUs, for f32 and bf16, also the
+    square product as a 1x1 convolution of channels-last data (oneDNN's GEMM: on an AMD Zen 5
+    1.5-1.8x MKL's f32 ``torch.mm``, which runs AVX2 code there); read bandwidth: sum of 256 MB
+    of f32."""
     scale = 2 if quick else 1  # quick: 1/8 (square) and 1/4 (skinny) of the work
     shapes = [(1024 // scale, 1024 // scale, 1024 // scale), (64, 100_000 // scale ** 2, 64)]
     if device.type == "cuda":
@@ -379,6 +384,12 @@ def measure_roofline(device: torch.device, dtypes: Sequence[torch.dtype], quick:
                 a = torch.randn(m, k, device=device, dtype=dtype)
                 b = torch.randn(k, n, device=device, dtype=dtype)
                 rates.append(2 * m * k * n / _best_seconds(lambda: torch.mm(a, b), device, budget))
+            if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+                m, k, n = shapes[0]  # (1, K, M, 1) pixels times (N, K, 1, 1) filters
+                pixels = torch.randn(1, k, m, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
+                filters = torch.randn(n, k, 1, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
+                product = lambda: torch.nn.functional.conv2d(pixels, filters)
+                rates.append(2 * m * k * n / _best_seconds(product, device, budget))
             gemm_rate[dtype] = max(rates)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -447,7 +458,7 @@ def header_lines(device: torch.device, roofline: Roofline) -> list:
 def _ceiling(roofline: Roofline) -> str:
     rates = ", ".join(f"{_dtype_name(dtype)} {rate / 1e9:.1f}" for dtype, rate in roofline.gemm_rate.items())
     low_precision_note = " (bf16/f16 use max(own, f32))" if len(roofline.gemm_rate) > 1 else ""
-    return f"torch.mm GFLOP/s {rates}{low_precision_note}; read bandwidth {roofline.read_bandwidth / 1e9:.1f} GB/s"
+    return f"GEMM GFLOP/s {rates}{low_precision_note}; read bandwidth {roofline.read_bandwidth / 1e9:.1f} GB/s"
 
 
 COLUMNS = ("case", "op", "layout", "dtype", "glue ms", "ours ms", "ratio", "GFLOP/s", "%roofline")
