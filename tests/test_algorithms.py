@@ -1245,7 +1245,8 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
 # 70-window one, whose 20 channels leave a partial transposition); from a float staging of the row
 # otherwise: shorter rows, and steps of 2. Each contiguous and with rows read at a stride
 # (channels-last; channels-first strided rows take the channels-first float kernel). Elsewhere
-# these run on the float tiles.
+# these run on the float tiles, as all but 7 taps along rows of more than 28 windows do on the Zen 5
+# (the 44-windows case).
 PAIRED_BF16_CASES = {
     # name: (n, c, size, kernel, attributes)
     "8-windows": (2, 16, (5, 8), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
@@ -1258,6 +1259,7 @@ PAIRED_BF16_CASES = {
     "70-windows": (2, 20, (3, 70), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
     "3-taps": (2, 24, (5, 40), (3, 3), dict(pads_begin=1, pads_end=1)),
     "4-taps": (2, 16, (4, 35), (2, 4), dict(pads_begin=(0, 2), pads_end=(1, 1))),
+    "44-windows": (2, 20, (5, 44), (3, 7), dict(pads_begin=(1, 3), pads_end=(1, 3))),
 }
 
 
@@ -1281,21 +1283,24 @@ def test_bf16_depthwise_window_pairs(case, data_format, view):
 
 @pytest.mark.parametrize("data_format", ["NCX", "NXC"])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
-def test_bf16_depthwise_window_pairs_keep_non_finite_inputs_to_the_taps_that_read_them(value, data_format):
+@pytest.mark.parametrize("row_taps,windows", [(5, 16), (7, 40)])
+def test_bf16_depthwise_window_pairs_keep_non_finite_inputs_to_the_taps_that_read_them(
+        row_taps, windows, value, data_format):
     """A pair of windows reads only pixels that both its windows read for the tap: an infinity or
-    NaN in the input's last column (16 windows of 5 taps, unpadded) reaches only the last column
-    of taps, and one in its first column only the first."""
-    x = rand(data_shape(2, 16, (4, 20), data_format), torch.bfloat16, seed=51)
-    column = 19 if value != value else 0
+    NaN in the input's last column (16 windows of 5 taps, or 40 of 7, unpadded) reaches only the
+    last column of taps, and one in its first column only the first."""
+    width = windows + row_taps - 1
+    x = rand(data_shape(2, 16, (4, width), data_format), torch.bfloat16, seed=51)
+    column = width - 1 if value != value else 0
     if data_format == "NCX":
         x[1, 3, 2, column] = value
     else:
         x[1, 2, column, 3] = value
-    dy = rand(data_shape(2, 16, (2, 16), data_format), torch.bfloat16, seed=52)
+    dy = rand(data_shape(2, 16, (2, windows), data_format), torch.bfloat16, seed=52)
     attributes = dict(groups=16, data_format=data_format, filter_format="OIX")
-    result, ran = run("depthwise", x, dy, [16, 1, 3, 5], attributes)
+    result, ran = run("depthwise", x, dy, [16, 1, 3, row_taps], attributes)
     assert ran == "depthwise"
-    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 5], **attributes))
+    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, row_taps], **attributes))
 
 
 # On a CPU with AVX512_BF16, channels-first bf16 depthwise layers with stride 1 along the row and

@@ -200,8 +200,16 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // 1.16-1.75 times as fast as on the pairs (MobileNetV2 at 56x56 1.32-1.35,
   // ConvNeXt 1.36-1.37, 14x14 maps 1.16-1.21, 112x112 1.30-1.31, 1-D 1.75;
   // stride 2 0.99-1.08), ConvNeXt channels-first 1.28-1.31.
-  args.bf16_pairs =
-      bf16_products && calibration != CpuCalibration::Avx512Amx && row_taps >= 3 && !args.bf16_planes;
+  // On the Zen 5 (2026-12-02, switched in one build, interleaved) the float
+  // tiles ran channels-last bf16 layers with 3 taps along the row 1.2-1.42
+  // times as fast as the pairs (MobileNetV2's at 56x56 1.22-1.26, 112x112 to
+  // 14x14 maps; 7x7 maps and its stride-2 layer 0.97-1.02), 5 taps 1.14-1.21,
+  // 7 taps on rows of up to 28 windows 0.95-1.36, but ConvNeXt's rows of 56
+  // 0.85-0.88 (channels-first, transposed, 0.8-0.82).
+  const bool pairs_win = calibration == CpuCalibration::Avx512Bf16Wide ? row_taps >= 7 && row_windows > 28
+                                                                        : calibration != CpuCalibration::Avx512Amx &&
+                                                                              row_taps >= 3;
+  args.bf16_pairs = bf16_products && pairs_win && !args.bf16_planes;
   args.dense_planes = spatial_flattens(geometry.in, geometry.input_strides) &&
                       spatial_flattens(geometry.out, geometry.grad_output_strides);
   return args;
