@@ -1545,23 +1545,6 @@ AVX2_PICKS = [
 ]
 
 
-def benchmark_layer_pick(name, layout, dtype):
-    """The algorithm the selector picks for the benchmark's layer whose name starts with `name`."""
-    from torch_convgrad import benchmark
-    case = next(case for case in benchmark.CASES if case.name.startswith(name))
-    problem = benchmark.Problem.make(case, case.ops[0], layout, benchmark.DTYPES[dtype], torch.device("cpu"),
-                                     torch.Generator().manual_seed(0))
-    with torch_convgrad.use_algorithm(None):
-        problem.ours()
-    return torch_convgrad.last_algorithm()
-
-
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX2", reason="the calibration of AVX2 CPUs")
-@pytest.mark.parametrize("name,layout,dtype,pick", AVX2_PICKS)
-def test_avx2_picks(name, layout, dtype, pick):
-    assert benchmark_layer_pick(name, layout, dtype) == pick
-
-
 # The Zen 5 calibration's picks where they differ from the Zen 4's model, each measured faster by
 # 1.15x or more in two runs of benchmarks/forced_algorithms.py on an AMD EPYC (Zen 5, 2 threads,
 # 2026-12-02; ms, the two runs): oneDNN for ResNet-50's channels-first f32 1x1 layers, where MKL's
@@ -1586,10 +1569,20 @@ ZEN5_PICKS = [
 ]
 
 
-@pytest.mark.skipif(CALIBRATION != "avx512_bf16_wide", reason="the calibration of AMD's family 1Ah (Zen 5)")
-@pytest.mark.parametrize("name,layout,dtype,pick", ZEN5_PICKS)
-def test_zen5_picks(name, layout, dtype, pick):
-    assert benchmark_layer_pick(name, layout, dtype) == pick
+@pytest.mark.parametrize("calibration,name,layout,dtype,pick",
+                         [("avx2", *pick) for pick in AVX2_PICKS] + [("avx512_bf16_wide", *pick) for pick in ZEN5_PICKS])
+def test_calibration_picks(calibration, name, layout, dtype, pick):
+    """The selector's pick for the benchmark's layer whose name starts with `name`, where the
+    calibration's kernels run (not the portable ones of ATEN_CPU_CAPABILITY=default)."""
+    if CALIBRATION != calibration or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip(f"the {calibration} calibration's pick (this CPU's is {CALIBRATION})")
+    from torch_convgrad import benchmark
+    case = next(case for case in benchmark.CASES if case.name.startswith(name))
+    problem = benchmark.Problem.make(case, case.ops[0], layout, benchmark.DTYPES[dtype], torch.device("cpu"),
+                                     torch.Generator().manual_seed(0))
+    with torch_convgrad.use_algorithm(None):
+        problem.ours()
+    assert torch_convgrad.last_algorithm() == pick
 
 
 def cpuinfo_field(name):
