@@ -1462,8 +1462,8 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
 @pytest.mark.skipif(not AVX512 or AMX, reason="the calibrations of AVX-512 CPUs without AMX")
 def test_f32_strided_channels_last_depthwise_goes_to_the_depthwise_kernel():
     """MobileNetV2's stride-2 depthwise layer, channels-last f32: the depthwise kernel ran it 1.55-1.6
-    times as fast as oneDNN (Zen 4, 2 threads); on a Zen 5 0.75-1.17 times (6 runs of 10 faster),
-    where oneDNN's times varied most."""
+    times as fast as oneDNN (Zen 4, 2 threads); on a Zen 5 0.74-1.17 times, faster in 2 of 5 runs
+    (in bf16 in 4 of 5), where oneDNN's times varied most."""
     x, dy = rand(data_shape(16, 144, (56, 56), "NXC"), seed=5), rand(data_shape(16, 144, (28, 28), "NXC"), seed=6)
     attributes = dict(strides=2, pads_begin=1, pads_end=1, groups=144, data_format="NXC", filter_format="OIX")
     assert run(None, x, dy, [144, 1, 3, 3], attributes)[1] == "depthwise"

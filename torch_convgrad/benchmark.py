@@ -385,11 +385,11 @@ def measure_roofline(device: torch.device, dtypes: Sequence[torch.dtype], quick:
                 b = torch.randn(k, n, device=device, dtype=dtype)
                 rates.append(2 * m * k * n / _best_seconds(lambda: torch.mm(a, b), device, budget))
             if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
-                m, k, n = shapes[0]  # (1, K, M, 1) pixels times (N, K, 1, 1) filters
-                pixels = torch.randn(1, k, m, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
-                filters = torch.randn(n, k, 1, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
+                rows, depth, columns = shapes[0]  # (1, K, M, 1) pixels times (N, K, 1, 1) filters
+                pixels = torch.randn(1, depth, rows, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
+                filters = torch.randn(columns, depth, 1, 1, dtype=dtype).contiguous(memory_format=torch.channels_last)
                 product = lambda: torch.nn.functional.conv2d(pixels, filters)
-                rates.append(2 * m * k * n / _best_seconds(product, device, budget))
+                rates.append(2 * rows * depth * columns / _best_seconds(product, device, budget))
             gemm_rate[dtype] = max(rates)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
