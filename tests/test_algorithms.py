@@ -41,8 +41,9 @@ AMX = AVX512 and torch.cpu._is_amx_tile_supported()
 AVX512_BF16 = AVX512 and torch.cpu._is_avx512_bf16_supported()
 # The calibration the cost models pick by (torch_convgrad.algorithms.cpu_calibration()).
 CALIBRATION = torch_convgrad.algorithms.cpu_calibration()
-# Where depthwise channels-first planes of 3 taps along the row run on float row tiles.
-FLOAT_ROWS = AVX512 and (AMX or not AVX512_BF16 or CALIBRATION == "avx512_bf16_wide")
+# Where depthwise channels-first planes of 3 taps along the row run on float row tiles: every
+# AVX-512 calibration (AVX2's: avx2_float_rows).
+FLOAT_ROWS = AVX512
 
 
 def avx2_float_rows(stride, windows, dtype):
@@ -1224,13 +1225,15 @@ def test_amx_depthwise_leaves_what_it_cannot_take():
 @pytest.mark.parametrize("width", [32, 45, 70])
 def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
     """The AVX-512 build transposes channels-first f16/bf16 rows of 32 pixels or more 32 at a time
-    (a row of 45 ends with an overlapping step); 37 channels leave 5 staged element by element."""
+    (a row of 45 ends with an overlapping step); 37 channels leave 5 staged element by element. Two
+    taps along the row at stride 2, which neither the float row tiles nor the bf16 planes and pairs
+    take on any calibration, so that the transposition runs."""
+    attributes = dict(strides=(1, 2), pads_begin=1, pads_end=1, groups=37, data_format="NCX", filter_format="OIX")
     x = rand(data_shape(2, 37, (3, width), "NCX"), dtype, seed=53)
-    dy = rand(data_shape(2, 37, (3, width), "NCX"), dtype, seed=54)
-    attributes = dict(pads_begin=1, pads_end=1, groups=37, data_format="NCX", filter_format="OIX")
-    result, ran = run("depthwise", x, dy, [37, 1, 3, 3], attributes)
+    dy = rand(data_shape(2, 37, output_size((3, width), (3, 2), attributes), "NCX"), dtype, seed=54)
+    result, ran = run("depthwise", x, dy, [37, 1, 3, 2], attributes)
     assert ran == "depthwise"
-    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [37, 1, 3, 3], **attributes), dtype)
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [37, 1, 3, 2], **attributes), dtype)
 
 
 # On a CPU with AVX512_BF16 and without AMX (where the float tiles measured faster), the
@@ -1239,7 +1242,8 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
 # fewer than 5, the planes below), in pairs of windows (VDPBF16PS), 8 windows at a time from the
 # row's start, and the rest on float FMAs: rows of 8 windows (all paired), 9 (one left), 23 and 47
 # (7 left), 70 (6 left), stride and dilation 2, 1-D and 3-D, 20 and 17 channels (a partial vector
-# of lanes), 3 and 4 taps along the row (channels-last; channels-first they take the planes below),
+# of lanes), 3 and 4 taps along the row (channels-last; channels-first they take the float rows or
+# the planes below),
 # both layouts. The pairs are staged straight from channels-last data, and from channels-first rows
 # by transposes where the input has 32 pairs or more and grad_output 16 (the 1-D case and the
 # 70-window one, whose 20 channels leave a partial transposition); from a float staging of the row
@@ -1304,8 +1308,8 @@ def test_bf16_depthwise_window_pairs_keep_non_finite_inputs_to_the_taps_that_rea
 
 
 # On a CPU with AVX512_BF16, channels-first bf16 depthwise layers with stride 1 along the row and
-# fewer than 5 taps along it (on AMX CPUs, those the float row tiles do not take: dilated along the
-# row, or other than 3 taps along it) run output row by output row, 32 windows at a time in pairs
+# fewer than 5 taps along it (those the float row tiles do not take: dilated along the row, or
+# other than 3 taps along it) run output row by output row, 32 windows at a time in pairs
 # (VDPBF16PS), from the input plane staged as it is: rows of 32 windows (one whole step), 33 and 70
 # (a partial last step), 9 (one partial step); stride 2 and dilation 3 across rows, dilation 2 along
 # them; 1-D and 3-D; a kernel of 36 taps (two tiles of sums); a plane of 100x96. Each contiguous
@@ -1445,9 +1449,9 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
     with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs).
 
-    Where the float row tiles do not run (AVX-512 BF16 without AMX, but on the Zen 5; AVX2 CPUs
-    at stride 2 in f32), the channels-last kernel's transposition takes these planes; it skips the input rows that
-    lie in the padding, as ATen does, so the output gradient's corners are not checked there."""
+    Where the float row tiles do not run (AVX2 CPUs at stride 2 in f32), the channels-last kernel's
+    transposition takes these planes; it skips the input rows that lie in the padding, as ATen does,
+    so the output gradient's corners are not checked there."""
     if holder == "dy" and not (FLOAT_ROWS or avx2_float_rows(stride, 36 // stride, dtype)):
         pytest.skip("the float row tiles do not take these planes on this CPU")
     x = rand(data_shape(2, 16, (21, 36), "NCX"), dtype, seed=63)

@@ -158,7 +158,15 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // bf16; its stride-2 layer 1.5-1.95; 112x112 to 7x7 maps 1.19-4.7), 5 taps
   // 1.3-3.5 in bf16/f16 but 0.81-0.97 in f32, 7 taps 1.0-1.33 in f32 and on
   // rows of up to 28 windows 1.05-2.45 in bf16/f16, where ConvNeXt's rows of
-  // 56 ran 0.72-0.9 times and stay there.
+  // 56 ran 0.72-0.9 times and stay there. On an AMD EPYC (Zen 4, 2026-12-04,
+  // 2 threads, switched in one build, interleaved in one process, two runs)
+  // against the same: 3 taps along the row 1.17-6.0 times as fast in every
+  // dtype and stride (MobileNetV2's layer 1.87-1.96 in f32, 1.20 in bf16,
+  // 1.93-2.14 in f16, its stride-2 layer 1.56-2.48; 112x112 to 7x7 maps and a
+  // 1-D layer alike); 5 and 7 taps at stride 1 on rows of up to 28 windows
+  // 1.06-3.96, and in f32 on rows of 56 (5x5 1.25-1.32, ConvNeXt 1.07-1.16),
+  // where bf16 rows of 56 ran 0.73-0.92 (the window pairs below win) and f16
+  // 0.98-1.03; 5 taps at stride 2 ran 0.79-1.02 and stay there.
   const auto dtype = problem.input.scalar_type();
   const int64_t row_taps = geometry.kernel[2], row_windows = geometry.out[2];
   const bool avx2_rows_win =
@@ -171,7 +179,9 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
        (row_taps == 3 ||
         (row_windows <= 32 && (dtype != at::kFloat || (row_windows <= 16 && geometry.stride[2] == 1))))) ||
       (calibration == CpuCalibration::Avx512Bf16Wide &&
-       (row_taps == 3 || (dtype == at::kFloat ? row_taps == 7 : row_taps == 5 || row_windows <= 28)));
+       (row_taps == 3 || (dtype == at::kFloat ? row_taps == 7 : row_taps == 5 || row_windows <= 28))) ||
+      (calibration == CpuCalibration::Avx512Bf16 &&
+       (row_taps == 3 || (geometry.stride[2] == 1 && (row_windows <= 28 || dtype == at::kFloat))));
   args.float_rows = float_rows_win && dtype != at::kDouble && args.group_channels == 1 &&
                     kernel::float_row_taps(row_taps) && geometry.stride[2] <= 2 && geometry.dilation[2] == 1 &&
                     args.input_strides[1] != 1 && args.grad_output_strides[1] != 1 &&
