@@ -1646,6 +1646,19 @@ def test_bf16_1x1_picks(data_format, c, o, size, stride, expected):
         assert run(None, x, dy, [o, c, 1, 1], attributes)[1] != "matmul"
 
 
+@pytest.mark.skipif(CALIBRATION != "avx512_bf16", reason="the Zen 4's calibration")
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+def test_bf16_1d_layer_picks_the_matmul_on_the_zen_4(data_format):
+    """The benchmark's 1-D layer (k10 s5, 32 -> 64 channels, 16000 samples) in bf16, where oneDNN's
+    convolution runs at one of two speeds by process: on average over both it took 3.83 ms
+    channels-last and 4.42 channels-first, oneDNN's bf16 matmul 3.43 and 3.70, gemm 3.86 and 3.67
+    (Zen 4, 2 threads, 10-18 measurements each, 2026-12-04)."""
+    x, dy = (rand(data_shape(4, 32, (16000,), data_format), torch.bfloat16, seed=5),
+             rand(data_shape(4, 64, (3199,), data_format), torch.bfloat16, seed=6))
+    attributes = dict(strides=5, data_format=data_format, filter_format="OIX")
+    assert run(None, x, dy, [64, 32, 10], attributes)[1] == "matmul"
+
+
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 @pytest.mark.parametrize("data_format,kernel,channels,size,expected", [
     ("NCX", 7, 96, 56, "amx_depthwise"), ("NXC", 7, 96, 56, "amx_depthwise"), ("NXC", 7, 768, 7, "depthwise"),

@@ -527,6 +527,18 @@ double avx512_float32_pointwise_seconds(const Geometry& g, bool nxc) {
 // 28x28 and 14x14, 55-63 at 7x7), 1.05-1.23 times as fast in place as
 // copied to channels-last; 64 channels at 56x56 ran at 83-88 or at 56-61,
 // by process (2026-11-25).
+// The share of its class's rate at which oneDNN runs a bf16 1-D layer on the
+// Zen 4, on average over its two speeds. It runs at one of them by process
+// and by what ran before it in the process: 0.65 (NXC) and 0.5 (NCX) of the
+// class's rate at the fast one (2026-11-25), about half that at the slow one.
+// On 2026-12-04 (2 threads, the benchmark's 1-D layer; ours forced, the
+// benchmark's runs and, channels-first, the glue's call) it took 2.0-2.3 or
+// 4.2-4.8 ms channels-last (3.83 on average over 10 measurements) and 2.4-2.9
+// or 4.2-6.6 channels-first (4.42 over 18), where oneDNN's bf16 matmul took
+// 3.43 and 3.70 on average (2.1-4.9) and gemm's fused kernel 3.86 and 3.67
+// (3.1-5.8).
+double one_axis_bf16_share(bool nxc) { return nxc ? 0.41 : 0.35; }
+
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
@@ -548,7 +560,7 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   else
     macs_per_second = channels_last_rate || std::min(g.in_channels, g.out_channels) >= 128 ? 89e9 : 70e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
-  if (problem.spatial_rank() == 1) macs_per_second *= bf16_products ? (nxc ? 0.65 : 0.5) : (nxc ? 0.5 : 0.7);
+  if (problem.spatial_rank() == 1) macs_per_second *= bf16_products ? one_axis_bf16_share(nxc) : (nxc ? 0.5 : 0.7);
   if (bf16_products)
     macs_per_second *= g.taps() == 1 && !nxc ? 1.4 : 2;
   else if (problem.spatial_rank() == 3)
@@ -574,6 +586,8 @@ double avx512_wide_speedup(const Problem& problem, const Geometry& g, bool nxc) 
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16;
   if (g.in_channels == g.groups && g.out_channels == g.groups) return nxc ? 1.2 : bf16_products ? 0.87 : 1.3;
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  // The Zen 5's bf16 1-D layer ran at 1.4 times the Zen 4's fast speed.
+  if (bf16_products && problem.spatial_rank() == 1) return 1.4 * (nxc ? 0.65 : 0.5) / one_axis_bf16_share(nxc);
   if (bf16_products)
     return problem.spatial_rank() > 1 && strided && g.taps() > 1 && strides_divide_kernel(g) &&
                    std::min(g.in_channels, g.out_channels) < 128
