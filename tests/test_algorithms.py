@@ -1549,7 +1549,21 @@ AVX2_PICKS = [
 ]
 
 
-# The Zen 5 calibration's picks where they differ from the Zen 4's model, each measured faster by
+# The Zen 4 calibration's picks where oneDNN runs at one of two speeds by process, from the averages
+# of both (benchmarks/forced_algorithms.py, the benchmark and the glue's call, AMD EPYC Zen 4, 2
+# threads, 2026-12-04; ms): the fused kernel (gemm) for ResNet-50's channels-first stride-2 3x3 f32
+# layer (10.8-11.9 against oneDNN's 11.1-12.4 or 17.1-19.6); oneDNN's bf16 matmul for the 1-D
+# layer in bf16 (3.43 and 3.70 on average, channels-last and channels-first, against oneDNN's
+# convolution's 3.83 and 4.42 and gemm's 3.86 and 3.67).
+ZEN4_PICKS = [
+    # (layer name's start, layout, dtype, pick)
+    ("resnet50 3x3 s2", "NCX", "f32", "gemm"),
+    ("audio 1-D", "NXC", "bf16", "matmul"),
+    ("audio 1-D", "NCX", "bf16", "matmul"),
+]
+
+
+# The Zen 5 calibration's picks where they differed from the Zen 4's model, each measured faster by
 # 1.15x or more in two runs of benchmarks/forced_algorithms.py on an AMD EPYC (Zen 5, 2 threads,
 # 2026-12-02; ms, the two runs): oneDNN for ResNet-50's channels-first f32 1x1 layers, where MKL's
 # products (gemm) run AVX2 code (64 -> 256: 4.58, 4.41 against 5.64, 5.84; 1024 -> 256: 3.65, 2.94
@@ -1574,7 +1588,8 @@ ZEN5_PICKS = [
 
 
 @pytest.mark.parametrize("calibration,name,layout,dtype,pick",
-                         [("avx2", *pick) for pick in AVX2_PICKS] + [("avx512_bf16_wide", *pick) for pick in ZEN5_PICKS])
+                         [("avx2", *pick) for pick in AVX2_PICKS] + [("avx512_bf16", *pick) for pick in ZEN4_PICKS]
+                         + [("avx512_bf16_wide", *pick) for pick in ZEN5_PICKS])
 def test_calibration_picks(calibration, name, layout, dtype, pick):
     """The selector's pick for the benchmark's layer whose name starts with `name`, where the
     calibration's kernels run (not the portable ones of ATEN_CPU_CAPABILITY=default)."""
@@ -1644,19 +1659,6 @@ def test_bf16_1x1_picks(data_format, c, o, size, stride, expected):
     # Without oneDNN, ATen's own bf16 product would run instead (slowly): not picked.
     with torch.backends.mkldnn.flags(enabled=False):
         assert run(None, x, dy, [o, c, 1, 1], attributes)[1] != "matmul"
-
-
-@pytest.mark.skipif(CALIBRATION != "avx512_bf16", reason="the Zen 4's calibration")
-@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
-def test_bf16_1d_layer_picks_the_matmul_on_the_zen_4(data_format):
-    """The benchmark's 1-D layer (k10 s5, 32 -> 64 channels, 16000 samples) in bf16, where oneDNN's
-    convolution runs at one of two speeds by process: on average over both it took 3.83 ms
-    channels-last and 4.42 channels-first, oneDNN's bf16 matmul 3.43 and 3.70, gemm 3.86 and 3.67
-    (Zen 4, 2 threads, 10-18 measurements each, 2026-12-04)."""
-    x, dy = (rand(data_shape(4, 32, (16000,), data_format), torch.bfloat16, seed=5),
-             rand(data_shape(4, 64, (3199,), data_format), torch.bfloat16, seed=6))
-    attributes = dict(strides=5, data_format=data_format, filter_format="OIX")
-    assert run(None, x, dy, [64, 32, 10], attributes)[1] == "matmul"
 
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")

@@ -555,8 +555,8 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   double macs_per_second;
   if (g.taps() == 1)
     macs_per_second = strided ? (channels_last_rate ? 85e9 : 76e9) : 70e9;
-  else if (strided)
-    macs_per_second = strides_divide_kernel(g) ? 85e9 : (channels_last_rate ? 64e9 : 78e9);
+  else if (strided)  // channels-first: see strided_channels_first_zen5_speedup
+    macs_per_second = strides_divide_kernel(g) ? 85e9 : (channels_last_rate ? 64e9 : 68e9);
   else
     macs_per_second = channels_last_rate || std::min(g.in_channels, g.out_channels) >= 128 ? 89e9 : 70e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
@@ -567,6 +567,14 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
     macs_per_second *= 0.3;
   return g.macs() / macs_per_second;
 }
+
+// oneDNN ran ResNet-50's channels-first stride-2 3x3 layer (f32, 128
+// channels, 56x56, N=8) on the Zen 4 at 75-83 GMAC/s in some processes and
+// 47-54 in others: 11.1-12.4 or 17.1-19.6 ms (13.6 on average over seven
+// measurements, 2026-12-04, 2 threads), where gemm took 10.8-11.9 in each of
+// three. avx512_cpu_seconds counts the average, 68 GMAC/s (78 before); the
+// Zen 5 ran such layers at 1.35 times the 78.
+constexpr double strided_channels_first_zen5_speedup = 1.35 * 78.0 / 68.0;
 
 // How many times as fast as avx512_cpu_seconds's Zen 4 model oneDNN ran the
 // benchmark's layers on an AMD EPYC (Zen 5, 2 threads, torch 2.13,
@@ -594,7 +602,8 @@ double avx512_wide_speedup(const Problem& problem, const Geometry& g, bool nxc) 
                ? 0.8
                : 1.4;
   if (g.taps() == 1) return nxc ? 1.75 : 1.45;
-  if ((strided && !strides_divide_kernel(g)) || problem.spatial_rank() == 3) return nxc ? 0.8 : 1.35;
+  if (strided && !strides_divide_kernel(g)) return nxc ? 0.8 : strided_channels_first_zen5_speedup;
+  if (problem.spatial_rank() == 3) return nxc ? 0.8 : 1.35;
   return nxc ? 1.55 : 1.85;
 }
 
