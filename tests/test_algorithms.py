@@ -1241,22 +1241,24 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
 # equals their dilation, with 3 taps or more along the row (but channels-first stride-1 layers with
 # fewer than 5, the planes below), in pairs of windows (VDPBF16PS), 8 windows at a time from the
 # row's start, and the rest on float FMAs: rows of 8 windows (all paired), 9 (one left), 23 and 47
-# (7 left), 70 (6 left), stride and dilation 2, 1-D and 3-D, 20 and 17 channels (a partial vector
+# (7 left), 70 (6 left), stride and dilation 2 (33 windows, 1 left), 1-D and 3-D, 20 and 17 channels (a partial vector
 # of lanes), 3 and 4 taps along the row (channels-last; channels-first they take the float rows or
 # the planes below),
 # both layouts. The pairs are staged straight from channels-last data, and from channels-first rows
 # by transposes where the input has 32 pairs or more and grad_output 16 (the 1-D case and the
 # 70-window one, whose 20 channels leave a partial transposition); from a float staging of the row
 # otherwise: shorter rows, and steps of 2. Each contiguous and with rows read at a stride
-# (channels-last; channels-first strided rows take the channels-first float kernel). Elsewhere
-# these run on the float tiles, as all but 7 taps along rows of more than 28 windows do on the Zen 5
-# (the 44-windows case).
+# (channels-last; channels-first strided rows take the channels-first float kernel). Each
+# calibration pairs only some of them, and runs the rest on the float tiles: the Zen 4 5 taps along
+# rows of more than 28 windows and 7 along rows of more than 14 (the 7x7, 1-D, 70-windows,
+# 44-windows and stride-2 cases), the Zen 5 7 taps along rows of more than 28 (the 44-windows and
+# stride-2 cases).
 PAIRED_BF16_CASES = {
     # name: (n, c, size, kernel, attributes)
     "8-windows": (2, 16, (5, 8), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
     "9-windows": (2, 20, (4, 13), (3, 5), {}),
     "7x7": (1, 24, (9, 23), (7, 7), dict(pads_begin=3, pads_end=3)),
-    "stride-2-dilation-2": (2, 16, (6, 40), (3, 5), dict(strides=(1, 2), dilations=(1, 2), pads_begin=(1, 3),
+    "stride-2-dilation-2": (2, 16, (6, 70), (3, 7), dict(strides=(1, 2), dilations=(1, 2), pads_begin=(1, 3),
                                                          pads_end=(1, 4))),
     "1-D": (3, 32, (47,), (5,), dict(pads_begin=2, pads_end=2)),
     "3-D": (1, 17, (3, 4, 21), (2, 3, 5), dict(pads_begin=(0, 1, 2), pads_end=(1, 1, 2))),

@@ -215,10 +215,18 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // times as fast as the pairs (MobileNetV2's at 56x56 1.22-1.26, 112x112 to
   // 14x14 maps; 7x7 maps and its stride-2 layer 0.97-1.02), 5 taps 1.14-1.21,
   // 7 taps on rows of up to 28 windows 0.95-1.36, but ConvNeXt's rows of 56
-  // 0.85-0.88 (channels-first, transposed, 0.8-0.82).
-  const bool pairs_win = calibration == CpuCalibration::Avx512Bf16Wide ? row_taps >= 7 && row_windows > 28
-                                                                        : calibration != CpuCalibration::Avx512Amx &&
-                                                                              row_taps >= 3;
+  // 0.85-0.88 (channels-first, transposed, 0.8-0.82). So too on the Zen 4
+  // now (2026-12-04, switched in one build, interleaved in one process,
+  // channels-last, one or two runs): 3 taps along the row 1.07-2.1 times as
+  // fast on the float tiles (MobileNetV2's layer at 56x56 1.07-1.35, 112x112
+  // to 14x14 maps 1.15-1.32, a 1-D layer 1.68-2.1), 5 taps on rows of 28
+  // 1.06-1.12 and 7 taps on rows of 14 1.05-1.06; the pairs ran 7 taps on
+  // rows of 28 0.96-1.14 times as fast (two runs), 5x5 on rows of 56 1.1-1.22
+  // and ConvNeXt 1.25-1.36 (one run each).
+  const bool pairs_win =
+      calibration == CpuCalibration::Avx512Bf16Wide ? row_taps >= 7 && row_windows > 28
+      : calibration == CpuCalibration::Avx512Bf16   ? (row_taps >= 7 ? row_windows > 14 : row_taps >= 5 && row_windows > 28)
+                                                    : calibration != CpuCalibration::Avx512Amx && row_taps >= 3;
   args.bf16_pairs = bf16_products && pairs_win && !args.bf16_planes;
   args.dense_planes = spatial_flattens(geometry.in, geometry.input_strides) &&
                       spatial_flattens(geometry.out, geometry.grad_output_strides);
