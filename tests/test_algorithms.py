@@ -1241,10 +1241,10 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
 # equals their dilation, with 3 taps or more along the row (but channels-first stride-1 layers with
 # fewer than 5, the planes below), in pairs of windows (VDPBF16PS), 8 windows at a time from the
 # row's start, and the rest on float FMAs: rows of 8 windows (all paired), 9 (one left), 23 and 47
-# (7 left), 70 (6 left), stride and dilation 2 (33 windows, 1 left), 1-D and 3-D, 20 and 17 channels (a partial vector
-# of lanes), 3 and 4 taps along the row (channels-last; channels-first they take the float rows or
-# the planes below),
-# both layouts. The pairs are staged straight from channels-last data, and from channels-first rows
+# (7 left), 70 (6 left), stride and dilation 2 (33 windows, 1 left), 1-D and 3-D, 20 and 17
+# channels (a partial vector of lanes), 3 and 4 taps along the row (channels-last; channels-first
+# they take the float rows or the planes below), both layouts. The pairs are staged straight from
+# channels-last data, and from channels-first rows
 # by transposes where the input has 32 pairs or more and grad_output 16 (the 1-D case and the
 # 70-window one, whose 20 channels leave a partial transposition); from a float staging of the row
 # otherwise: shorter rows, and steps of 2. Each contiguous and with rows read at a stride

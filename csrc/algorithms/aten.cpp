@@ -508,6 +508,26 @@ double avx512_float32_pointwise_seconds(const Geometry& g, bool nxc) {
   return g.macs() / macs_per_second + weights * seconds_per_weight + 100e-6 * std::min(1.0, 1568.0 / rows);
 }
 
+// The share of its class's rate at which oneDNN runs a bf16 1-D layer on the
+// Zen 4, on average over its two speeds. It runs at one of them by process
+// and by what ran before it in the process: 0.65 (NXC) and 0.5 (NCX) of the
+// class's rate at the fast one (2026-11-25), about half that at the slow one.
+// On 2026-12-04 (2 threads, the benchmark's 1-D layer; ours forced, the
+// benchmark's runs and, channels-first, the glue's call) it took 2.0-2.3 or
+// 4.2-4.8 ms channels-last (3.83 on average over 10 measurements) and 2.4-2.9
+// or 4.2-6.6 channels-first (4.42 over 18), where oneDNN's bf16 matmul took
+// 3.43 and 3.70 on average (2.1-4.9) and gemm's fused kernel 3.86 and 3.67
+// (3.1-5.8).
+double one_axis_bf16_share(bool nxc) { return nxc ? 0.41 : 0.35; }
+
+// oneDNN's rate on channels-first f32 layers with a stride that does not
+// divide the kernel on the Zen 4, on average over its two speeds: it ran
+// ResNet-50's stride-2 3x3 layer (128 channels, 56x56, N=8) at 75-83 GMAC/s
+// in some processes and 47-54 in others, 11.1-12.4 or 17.1-19.6 ms (13.6 on
+// average over seven measurements, 2026-12-04, 2 threads), where gemm took
+// 10.8-11.9 in each of three. The model had the fast speed, 78 GMAC/s.
+constexpr double kStridedChannelsFirstMacsPerSecond = 68e9;
+
 // Seconds of oneDNN's weight gradient on an AVX-512 CPU with AVX-512 BF16 but
 // without AMX. Measured with torch 2.13 on an AMD EPYC (Zen 4, 2 threads) over the
 // benchmark's layers (2026-11-24), in float32: 3x3 at 89 GMAC/s (NXC) and
@@ -527,18 +547,6 @@ double avx512_float32_pointwise_seconds(const Geometry& g, bool nxc) {
 // 28x28 and 14x14, 55-63 at 7x7), 1.05-1.23 times as fast in place as
 // copied to channels-last; 64 channels at 56x56 ran at 83-88 or at 56-61,
 // by process (2026-11-25).
-// The share of its class's rate at which oneDNN runs a bf16 1-D layer on the
-// Zen 4, on average over its two speeds. It runs at one of them by process
-// and by what ran before it in the process: 0.65 (NXC) and 0.5 (NCX) of the
-// class's rate at the fast one (2026-11-25), about half that at the slow one.
-// On 2026-12-04 (2 threads, the benchmark's 1-D layer; ours forced, the
-// benchmark's runs and, channels-first, the glue's call) it took 2.0-2.3 or
-// 4.2-4.8 ms channels-last (3.83 on average over 10 measurements) and 2.4-2.9
-// or 4.2-6.6 channels-first (4.42 over 18), where oneDNN's bf16 matmul took
-// 3.43 and 3.70 on average (2.1-4.9) and gemm's fused kernel 3.86 and 3.67
-// (3.1-5.8).
-double one_axis_bf16_share(bool nxc) { return nxc ? 0.41 : 0.35; }
-
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
@@ -555,8 +563,10 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   double macs_per_second;
   if (g.taps() == 1)
     macs_per_second = strided ? (channels_last_rate ? 85e9 : 76e9) : 70e9;
-  else if (strided)  // channels-first: see strided_channels_first_zen5_speedup
-    macs_per_second = strides_divide_kernel(g) ? 85e9 : (channels_last_rate ? 64e9 : 68e9);
+  else if (strided)
+    macs_per_second = strides_divide_kernel(g)  ? 85e9
+                      : channels_last_rate      ? 64e9
+                                                : kStridedChannelsFirstMacsPerSecond;
   else
     macs_per_second = channels_last_rate || std::min(g.in_channels, g.out_channels) >= 128 ? 89e9 : 70e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
@@ -567,14 +577,6 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
     macs_per_second *= 0.3;
   return g.macs() / macs_per_second;
 }
-
-// oneDNN ran ResNet-50's channels-first stride-2 3x3 layer (f32, 128
-// channels, 56x56, N=8) on the Zen 4 at 75-83 GMAC/s in some processes and
-// 47-54 in others: 11.1-12.4 or 17.1-19.6 ms (13.6 on average over seven
-// measurements, 2026-12-04, 2 threads), where gemm took 10.8-11.9 in each of
-// three. avx512_cpu_seconds counts the average, 68 GMAC/s (78 before); the
-// Zen 5 ran such layers at 1.35 times the 78.
-constexpr double strided_channels_first_zen5_speedup = 1.35 * 78.0 / 68.0;
 
 // How many times as fast as avx512_cpu_seconds's Zen 4 model oneDNN ran the
 // benchmark's layers on an AMD EPYC (Zen 5, 2 threads, torch 2.13,
@@ -602,7 +604,8 @@ double avx512_wide_speedup(const Problem& problem, const Geometry& g, bool nxc) 
                ? 0.8
                : 1.4;
   if (g.taps() == 1) return nxc ? 1.75 : 1.45;
-  if (strided && !strides_divide_kernel(g)) return nxc ? 0.8 : strided_channels_first_zen5_speedup;
+  // The Zen 5 ran channels-first ones at 1.35 times the Zen 4's fast speed (78 GMAC/s).
+  if (strided && !strides_divide_kernel(g)) return nxc ? 0.8 : 1.35 * 78e9 / kStridedChannelsFirstMacsPerSecond;
   if (problem.spatial_rank() == 3) return nxc ? 0.8 : 1.35;
   return nxc ? 1.55 : 1.85;
 }

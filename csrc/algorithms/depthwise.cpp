@@ -223,10 +223,11 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // 1.06-1.12 and 7 taps on rows of 14 1.05-1.06; the pairs ran 7 taps on
   // rows of 28 0.96-1.14 times as fast (two runs), 5x5 on rows of 56 1.1-1.22
   // and ConvNeXt 1.25-1.36 (one run each).
-  const bool pairs_win =
-      calibration == CpuCalibration::Avx512Bf16Wide ? row_taps >= 7 && row_windows > 28
-      : calibration == CpuCalibration::Avx512Bf16   ? (row_taps >= 7 ? row_windows > 14 : row_taps >= 5 && row_windows > 28)
-                                                    : calibration != CpuCalibration::Avx512Amx && row_taps >= 3;
+  const bool zen4_pairs_win = row_taps >= 7 ? row_windows > 14 : row_taps >= 5 && row_windows > 28;
+  const bool pairs_win = calibration == CpuCalibration::Avx512Bf16Wide ? row_taps >= 7 && row_windows > 28
+                         : calibration == CpuCalibration::Avx512Bf16   ? zen4_pairs_win
+                                                                       : calibration != CpuCalibration::Avx512Amx &&
+                                                                             row_taps >= 3;
   args.bf16_pairs = bf16_products && pairs_win && !args.bf16_planes;
   args.dense_planes = spatial_flattens(geometry.in, geometry.input_strides) &&
                       spatial_flattens(geometry.out, geometry.grad_output_strides);
