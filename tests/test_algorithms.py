@@ -1244,10 +1244,9 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
 # (7 left), 70 (6 left), stride and dilation 2 (33 windows, 1 left), 1-D and 3-D, 20 and 17
 # channels (a partial vector of lanes), 3 and 4 taps along the row (channels-last; channels-first
 # they take the float rows or the planes below), both layouts. The pairs are staged straight from
-# channels-last data, and from channels-first rows
-# by transposes where the input has 32 pairs or more and grad_output 16 (the 1-D case and the
-# 70-window one, whose 20 channels leave a partial transposition); from a float staging of the row
-# otherwise: shorter rows, and steps of 2. Each contiguous and with rows read at a stride
+# channels-last data, and from channels-first rows by transposes where the input has 32 pairs or
+# more and grad_output 16 (the 1-D case and the 70-window one, whose 20 channels leave a partial
+# transposition); from a float staging of the row otherwise: shorter rows, and steps of 2. Each contiguous and with rows read at a stride
 # (channels-last; channels-first strided rows take the channels-first float kernel). Each
 # calibration pairs only some of them, and runs the rest on the float tiles: the Zen 4 5 taps along
 # rows of more than 28 windows and 7 along rows of more than 14 (the 7x7, 1-D, 70-windows,
