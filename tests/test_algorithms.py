@@ -1383,7 +1383,10 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # at stride 1 along the row, 14 windows or more, are read in place in every dtype (16, 17 and 70
 # windows, wide and right padding, a single row of taps, 1-D, 3-D with one row of taps), and at
 # stride 2 as well (odd, even, wide and no padding along the row, 1-D), and a plane of 4 KiB or more
-# prefetches the next planes (large-plane, stride-2-large-plane).
+# prefetches the next planes (large-plane, stride-2-large-plane). On the Zen 4, bf16 rows read in
+# place at stride 1 load pairs of elements, 32 windows a step, where the row's windows are an even
+# count that such steps take with no more idle lanes than steps of 16: rows of 50 windows (large-plane,
+# a partial last step), 30 (3-D-one-tap-row) and 96 (1-D-96-windows, a whole step between two partial ones).
 FLOAT_ROW_CASES = {
     # name: (n, c, size, kernel, attributes)
     "16-windows": (2, 5, (19, 16), (3, 3), dict(pads_begin=1, pads_end=1)),
@@ -1416,6 +1419,7 @@ FLOAT_ROW_CASES = {
     "stride-2-unpadded-odd": (2, 3, (6, 41), (3, 3), dict(strides=2)),
     "stride-2-wide-padding": (2, 3, (6, 40), (3, 3), dict(strides=2, pads_begin=(1, 9), pads_end=(1, 8))),
     "stride-2-1-D": (3, 7, (100,), (3,), dict(strides=2, pads_begin=1, pads_end=1)),
+    "1-D-96-windows": (3, 7, (96,), (3,), dict(pads_begin=1, pads_end=1)),
     "stride-2-large-plane": (2, 2, (48, 64), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
 }
 
@@ -1438,25 +1442,27 @@ def test_channels_first_depthwise_rows(case, view, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("holder,position", [("x", (1, 3, 2, 0)), ("x", (1, 3, 2, 35)), ("x", (0, 1, 20, 7)),
+@pytest.mark.parametrize("holder,position", [("x", (1, 3, 2, 0)), ("x", (1, 3, 2, -1)), ("x", (0, 1, 20, 7)),
                                              ("dy", (1, 2, 0, 0)), ("dy", (0, 3, -1, -1))])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
 @pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("width", [36, 28])
 def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_reference_has_them(
-        stride, value, holder, position, dtype):
+        width, stride, value, holder, position, dtype):
     """The lanes past a row's last window load as zero on both sides, and the padding is staged as
     zeros (rows read in place mask it off): an infinity or NaN in the input's first or last
     column or last row reaches only the taps that read it, and one in the output gradient's corners
     meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
-    with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs).
+    with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs); and 28 windows, which
+    bf16 at stride 1 on the Zen 4 loads as pairs of elements, 32 windows a step.
 
     Where the float row tiles do not run (AVX2 CPUs at stride 2 in f32), the channels-last kernel's
     transposition takes these planes; it skips the input rows that lie in the padding, as ATen does,
     so the output gradient's corners are not checked there."""
-    if holder == "dy" and not (FLOAT_ROWS or avx2_float_rows(stride, 36 // stride, dtype)):
+    if holder == "dy" and not (FLOAT_ROWS or avx2_float_rows(stride, width // stride, dtype)):
         pytest.skip("the float row tiles do not take these planes on this CPU")
-    x = rand(data_shape(2, 16, (21, 36), "NCX"), dtype, seed=63)
-    dy = rand(data_shape(2, 16, output_size((21, 36), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
+    x = rand(data_shape(2, 16, (21, width), "NCX"), dtype, seed=63)
+    dy = rand(data_shape(2, 16, output_size((21, width), (3, 3), dict(strides=stride, pads_begin=1, pads_end=1)),
                          "NCX"), dtype, seed=64)
     (x if holder == "x" else dy)[position] = value
     attributes = dict(strides=stride, pads_begin=1, pads_end=1, groups=16, data_format="NCX", filter_format="OIX")
