@@ -1836,7 +1836,8 @@ __attribute__((always_inline)) inline void bf16_pair_steps(const InPlaceRows<c10
                                                             const c10::BFloat16* const (&dy_rows)[kRows],
                                                             const c10::BFloat16* const (&x_row)[kInputRows],
                                                             NextPlanes& next_planes, __m512 (&sums)[kKH][kKW]) {
-  constexpr int kLoads = kKW / 2 + 1;  // bases j, j + 2, ..., j + kKW - 1 (kKW odd)
+  static_assert(kKW % 2 == 1, "the loads from j, j + 2, ..., j + kKW - 1 serve an odd count of taps");
+  constexpr int kLoads = kKW / 2 + 1;
   const __m512i high_halves = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   // Elements [begin, end) of 32, as a mask.
   const auto elements = [](int64_t begin, int64_t end) {
