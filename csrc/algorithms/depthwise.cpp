@@ -194,15 +194,14 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // interleaved). With stride 2 along the row they ran 0.83-1.18 times as
   // fast, and with 7 taps along it 0.77 times, and stay there.
   // bf16 rows read in place on the float row tiles, loaded as pairs of
-  // elements (depthwise_kernel.h, bf16_pair_steps) rather than 16 elements a
-  // tap, where pair_steps_fit: on the Zen 4 (2026-12-04, 2 threads, switched
-  // in one build, interleaved in one process, two or three runs, medians and
-  // fastest calls), 3x3 layers ran 1.04-1.12 times as fast on rows of 56
-  // windows (MobileNetV2's layer), 1.09-1.19 on rows of 28 and a 1-D layer of
-  // 4000 windows 1.16-1.26; rows of 14 ran 0.82 and of 112 0.90-0.96 times
-  // as fast, and stay on 16 elements a tap.
-  args.bf16_pair_loads = calibration == CpuCalibration::Avx512Bf16 && dtype == at::kBFloat16 &&
-                         kernel::pair_steps_fit(row_windows);
+  // elements (depthwise_kernel.h, bf16_pair_steps, on the rows that
+  // pair_steps_fit) rather than 16 elements a tap: on the Zen 4 (2026-12-04,
+  // 2 threads, switched in one build, interleaved in one process, two or
+  // three runs, medians and fastest calls), 3x3 layers ran 1.04-1.12 times as
+  // fast on rows of 56 windows (MobileNetV2's layer), 1.09-1.19 on rows of 28
+  // and a 1-D layer of 4000 windows 1.16-1.26; rows of 14 ran 0.82 and of 112
+  // 0.90-0.96 times as fast, and stay on 16 elements a tap.
+  args.bf16_pair_loads = calibration == CpuCalibration::Avx512Bf16;
   const bool bf16_products = dtype == at::kBFloat16 && cpu_has_avx512_bf16();
   args.bf16_planes = !args.float_rows && bf16_products && cpu_is_avx512() && kernel::AVX512::bf16_planes_built() &&
                      row_taps < 5 && geometry.stride[2] == 1 && args.group_channels == 1 &&

@@ -47,8 +47,8 @@ struct Args {
   // or 2 and dilation 1 along it, grad_output rows of unit stride).
   bool float_rows = false;
   // Whether the AVX-512 float row tiles load bf16 rows read in place at
-  // stride 1 as pairs of elements, where pair_steps_fit (depthwise.cpp
-  // decides by the CPU).
+  // stride 1 as pairs of elements (depthwise.cpp decides by the CPU; the
+  // tiles by the row, pair_steps_fit).
   bool bf16_pair_loads = false;
   // amx_bf16 sets it where a sum came out infinite or NaN (as any infinity
   // or NaN in the data that it loads makes some sum).
@@ -82,11 +82,6 @@ namespace DEFAULT {
 TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 }
 #undef TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
-
-// Whether the float row tiles' bf16 pair loads (Args::bf16_pair_loads) take
-// rows of `width` windows: an even count, in steps of 32 windows that leave
-// no more lanes idle than steps of 16 (rows of 28, 56 or 64, not of 14 or 112).
-inline bool pair_steps_fit(int64_t width) { return width % 2 == 0 && (width % 32 == 0 || width % 32 > 16); }
 
 // The taps along the row that Args::float_rows takes.
 inline bool float_row_taps(int64_t taps_along_row) {
@@ -1815,6 +1810,11 @@ __attribute__((always_inline)) inline void for_each_row_group(const Rows& x, con
 }
 
 #ifdef CPU_CAPABILITY_AVX512
+
+// Whether the float row tiles' bf16 pair loads (Args::bf16_pair_loads) take
+// rows of `width` windows: an even count, in steps of 32 windows that leave
+// no more lanes idle than steps of 16 (rows of 28, 56 or 64, not of 14 or 112).
+inline bool pair_steps_fit(int64_t width) { return width % 2 == 0 && (width % 32 == 0 || width % 32 > 16); }
 
 // A float row tile's steps over kRows output rows on bf16 rows read in
 // place at stride 1 (Args::bf16_pair_loads), 32 windows a step: 16 even
