@@ -1236,22 +1236,21 @@ def test_depthwise_stages_long_2_byte_channels_first_rows(width, dtype):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [37, 1, 3, 2], **attributes), dtype)
 
 
-# On a CPU with AVX512_BF16 and without AMX (where the float tiles measured faster), the
-# depthwise kernel sums bf16 layers whose stride along the row
-# equals their dilation, with 3 taps or more along the row (but channels-first stride-1 layers with
-# fewer than 5, the planes below), in pairs of windows (VDPBF16PS), 8 windows at a time from the
-# row's start, and the rest on float FMAs: rows of 8 windows (all paired), 9 (one left), 23 and 47
-# (7 left), 70 (6 left), stride and dilation 2 (33 windows, 1 left), 1-D and 3-D, 20 and 17
-# channels (a partial vector of lanes), 3 and 4 taps along the row (channels-last; channels-first
-# they take the float rows or the planes below), both layouts. The pairs are staged straight from
-# channels-last data, and from channels-first rows by transposes where the input has 32 pairs or
-# more and grad_output 16 (the 1-D case and the 70-window one, whose 20 channels leave a partial
-# transposition); from a float staging of the row otherwise: shorter rows, and steps of 2. Each contiguous and with rows read at a stride
-# (channels-last; channels-first strided rows take the channels-first float kernel). Each
-# calibration pairs only some of them, and runs the rest on the float tiles: the Zen 4 5 taps along
-# rows of more than 28 windows and 7 along rows of more than 14 (the 7x7, 1-D, 70-windows,
-# 44-windows and stride-2 cases), the Zen 5 7 taps along rows of more than 28 (the 44-windows and
-# stride-2 cases).
+# On a CPU with AVX512_BF16 and without AMX (where the float tiles measured faster), the depthwise
+# kernel sums bf16 layers whose stride along the row equals their dilation, with 3 taps or more
+# along the row (but channels-first stride-1 layers with fewer than 5, the planes below), in pairs
+# of windows (VDPBF16PS), 8 windows at a time from the row's start, and the rest on float FMAs: rows
+# of 8 windows (all paired), 9 (one left), 23 and 47 (7 left), 70 (6 left), stride and dilation 2
+# (33 windows, 1 left), 1-D and 3-D, 20 and 17 channels (a partial vector of lanes), 3 and 4 taps
+# along the row (channels-last; channels-first they take the float rows or the planes below), both
+# layouts. The pairs are staged straight from channels-last data, and from channels-first rows by
+# transposes where the input has 32 pairs or more and grad_output 16 (the 1-D case and the 70-window
+# one, whose 20 channels leave a partial transposition); from a float staging of the row otherwise:
+# shorter rows, and steps of 2. Each contiguous and with rows read at a stride (channels-last;
+# channels-first strided rows take the channels-first float kernel). Each calibration pairs only
+# some of them, and runs the rest on the float tiles: the Zen 4 5 taps along rows of more than 28
+# windows and 7 along rows of more than 14 (the 7x7, 1-D, 70-windows, 44-windows and stride-2
+# cases), the Zen 5 7 taps along rows of more than 28 (the 44-windows and stride-2 cases).
 PAIRED_BF16_CASES = {
     # name: (n, c, size, kernel, attributes)
     "8-windows": (2, 16, (5, 8), (3, 5), dict(pads_begin=(1, 2), pads_end=(1, 2))),
@@ -1385,8 +1384,9 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # stride 2 as well (odd, even, wide and no padding along the row, 1-D), and a plane of 4 KiB or more
 # prefetches the next planes (large-plane, stride-2-large-plane). On the Zen 4, bf16 rows read in
 # place at stride 1 load pairs of elements, 32 windows a step, where the row's windows are an even
-# count that such steps take with no more idle lanes than steps of 16: rows of 50 windows (large-plane,
-# a partial last step), 30 (3-D-one-tap-row) and 96 (1-D-96-windows, a whole step between two partial ones).
+# count that such steps take with no more idle lanes than steps of 16: rows of 50 windows
+# (large-plane, a partial last step), 30 (3-D-one-tap-row) and 96 (1-D-96-windows, a whole step
+# between two partial ones).
 FLOAT_ROW_CASES = {
     # name: (n, c, size, kernel, attributes)
     "16-windows": (2, 5, (19, 16), (3, 3), dict(pads_begin=1, pads_end=1)),
