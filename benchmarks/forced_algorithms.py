@@ -26,7 +26,7 @@ from torch_convgrad import benchmark
 # The ones worth timing on the benchmark's layers (direct is for tiny problems).
 ALGORITHMS = {
     "cuda": ("aten", "aten_channels_last", "aten_channels_first", "matmul"),
-    "cpu": ("aten", "aten_channels_last", "gemm", "depthwise", "matmul", "amx", "amx_planes", "amx_depthwise"),
+    "cpu": ("aten", "aten_channels_last", "gemm", "depthwise", "matmul", "brgemm", "amx_planes", "amx_depthwise"),
 }
 
 

@@ -16,10 +16,16 @@ algorithm that supports its problem by a cost model measured on each device:
 - ``"depthwise"``: a vectorised CPU kernel for ``groups == channels``;
 - ``"direct"``: plain CPU loops over the windows, for tiny problems, where a
   call's time is its fixed cost;
-- ``"amx"``: bf16 on the AMX tiles of CPUs that have them, through ATen's
-  batch-reduce GEMM, for channels-first data, gathering the input per tap;
-- ``"amx_planes"``: the same tiles with the input copied once a sample into
-  phase planes that every tap reads in place.
+- ``"brgemm"``: bf16 products through ATen's batch-reduce GEMM (oneDNN's
+  ukernel) on AMX tiles, or on AVX-512 BF16's dot products on CPUs without
+  them: per tap and sample, one operand read in place as rows of positions
+  (channels-first data) and the other gathered and packed; channels-last 1x1
+  layers, and layers whose taps along the last axis fold into rows (a 1-D
+  front end), as matrices of pixel rows. (Named ``"amx"`` while it ran on AMX
+  tiles only.);
+- ``"amx_planes"``: on AMX tiles, the input copied once a sample into phase
+  planes that every tap reads in place;
+- ``"amx_depthwise"``: bf16 depthwise 2-D layers on AMX tiles.
 
 Every algorithm gives the same values to rounding, accumulates f16/bf16 in
 float32 and is deterministic. Forcing one (``use_algorithm`` or the environment

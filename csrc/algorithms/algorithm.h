@@ -36,8 +36,8 @@ extern const Algorithm kAtenChannelsFirstAlgorithm; // aten.cpp: one copy to cha
 extern const Algorithm kGemmAlgorithm;             // gemm.cpp: one GEMM per kernel tap
 extern const Algorithm kDepthwiseAlgorithm;        // depthwise.cpp: direct CPU kernel, groups == channels
 extern const Algorithm kDirectAlgorithm;           // direct.cpp: plain loops for tiny problems
-extern const Algorithm kAmxAlgorithm;              // amx.cpp: bf16 on AMX tiles (ATen's brgemm)
-extern const Algorithm kAmxPlanesAlgorithm;        // amx_planes.cpp: the same, input read from phase planes
+extern const Algorithm kBrgemmAlgorithm;           // brgemm.cpp: bf16 products through ATen's brgemm
+extern const Algorithm kAmxPlanesAlgorithm;        // amx_planes.cpp: the same on AMX tiles, input from phase planes
 extern const Algorithm kAmxDepthwiseAlgorithm;     // amx_depthwise.cpp: bf16 depthwise on AMX tiles
 extern const Algorithm kMatmulAlgorithm;           // matmul.cpp: one ATen matrix product over im2col windows
 
@@ -135,23 +135,24 @@ bool cpu_has_amx_bf16();
 // Whether the CPU has AVX-512 BF16's bf16 dot products, which oneDNN's bf16
 // convolutions run on where there are no AMX tiles.
 bool cpu_has_avx512_bf16();
-// Whether ATen's bf16 brgemm runs on AMX tiles here and now (amx.cpp).
+// Whether ATen's bf16 brgemm runs here and now, on AMX tiles or AVX-512
+// BF16's dot products (brgemm.cpp).
 bool cpu_runs_brgemm_bf16();
-// What the tile algorithms (amx, amx_planes) take: ungrouped strided CPU
-// tensors of bf16, or of f16 split into bf16 parts, where
-// cpu_runs_brgemm_bf16() (amx.cpp).
-bool runs_on_bf16_tiles(const Problem& problem);
+// What the brgemm algorithms (brgemm, amx_planes) take: ungrouped strided
+// CPU tensors of bf16, or of f16 split into bf16 parts, where
+// cpu_runs_brgemm_bf16() (brgemm.cpp).
+bool runs_brgemm_bf16(const Problem& problem);
 // The share of a product's full rate that a side of `channels` rows or
 // columns reaches, as the cost models fit it: linear in the channels, from
 // offset / (full + offset) towards none, and all from `full` channels on.
 inline double width_share(double channels, double full, double offset) {
   return std::min(1.0, (channels + offset) / (full + offset));
 }
-// The tile algorithms' (amx, amx_planes): all from 64 channels.
+// The brgemm algorithms' (brgemm, amx_planes): all from 64 channels.
 inline double tile_width(double channels) { return width_share(channels, 64, 32); }
 // c (m x n, row stride ldc) += a (m x k, row stride lda) @ b, with b the k x n
 // product's operand in VNNI pairs ((k / 2) x n x 2, k even), through ATen's
-// brgemm in blocks of C (amx.cpp). Only where cpu_runs_brgemm_bf16().
+// brgemm in blocks of C (brgemm.cpp). Only where cpu_runs_brgemm_bf16().
 void brgemm_bf16_blocks(int64_t m, int64_t n, int64_t k, int64_t lda, const at::BFloat16* a,
                         const at::BFloat16* vnni_b, float* c, int64_t ldc);
 

@@ -11,7 +11,7 @@
 //
 // where B is the output gradient on the same wide positions (zero at those
 // that are not outputs), packed in VNNI pairs once a sample and shared by all
-// taps. The amx algorithm instead gathers and packs the input once per tap
+// taps. The brgemm algorithm instead gathers and packs the input once per tap
 // and sample; on the benchmark's strided channels-first layers that copying
 // was most of its time.
 //
@@ -20,7 +20,7 @@
 // input it would add NaN to taps whose windows never read that element, so
 // such calls run ATen instead.
 //
-// f16 splits into high and low bf16 parts (split_half, as in amx.cpp): the
+// f16 splits into high and low bf16 parts (split_half, as in brgemm.cpp): the
 // planes and every panel of B once each, and a tap's product is high * high +
 // high * low + low * high, three products into the same C.
 #include "algorithm.h"
@@ -71,7 +71,7 @@ struct Planes {
 };
 
 bool supports(const Problem& problem) {
-  if (!runs_on_bf16_tiles(problem)) return false;
+  if (!cpu_has_amx_bf16() || !runs_brgemm_bf16(problem)) return false;
   const Geometry g = geometry_of(problem);
   return g.batch > 0 && g.out_positions() > 0 && g.in_channels > 0 && g.out_channels > 0;
 }
@@ -104,7 +104,7 @@ int64_t tap_groups_of(const Geometry& g, int64_t threads) {
 // fewer than 512 wide positions (dcgan, 14x14 layers); the planes are copied
 // at about 20 GB/s where the input's positions are adjacent elements, and an
 // element at a time otherwise; B is staged and packed at about 30 GB/s. f16
-// (split into high and low bf16 parts, as in amx.cpp) runs three products a
+// (split into high and low bf16 parts, as in brgemm.cpp) runs three products a
 // tap, which took about twice bf16's tiles and C (ResNet-50's 3x3 64-channel
 // layer 3.3 ms NCX, 4.4 NXC; the strided 3x3 4.1 and 5.6; DCGAN 5.0 and 5.5;
 // the 3-D layer 3.8 and 4.0), and splits the planes and B's panels, 8 bytes

@@ -447,9 +447,9 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
 // channels-first; channels-last U-Net 0.58 ms on 2026-11-24, 0.72 on the
 // constants' day), 1x1 (64 -> 256 NXC: 2.3 times) or 1-D (NXC: about 2.2,
 // 2026-11-24), and 2.5 times on channels-last 1x1 layers with more input
-// channels (1024 -> 256 on 14x14: 0.99-1.01 ms, where amx took 0.85; the
+// channels (1024 -> 256 on 14x14: 0.99-1.01 ms, where brgemm took 0.85; the
 // model had it at 0.95), 3.5 with strides (256 -> 512 on 56 -> 28: 1.39-1.49
-// ms on 2026-11-24, where amx took 1.67). f16 runs on float32 copies (see
+// ms on 2026-11-24, where brgemm took 1.67). f16 runs on float32 copies (see
 // accumulates_in_float32).
 constexpr double kDepthwiseSetupSeconds = 30e-6;
 double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
@@ -528,6 +528,21 @@ double one_axis_bf16_share(bool nxc) { return nxc ? 0.41 : 0.35; }
 // 10.8-11.9 in each of three. The model had the fast speed, 78 GMAC/s.
 constexpr double kStridedChannelsFirstMacsPerSecond = 68e9;
 
+// The share of the rate below that oneDNN's bf16 products reach on average
+// on the Zen 4 where a stride divides a kernel of several taps and a side has
+// fewer than 128 channels: U-Net's transposed 2x2 layer (as a convolution, 64
+// input channels) took 1.45-3.25 ms across the benchmark's five runs and two
+// of benchmarks/forced_algorithms.py (2026-12-04, 2 threads, both layouts;
+// 2.2 on average), where the rate had 1.2.
+constexpr double kFewChannelStridedBf16Share = 0.54;
+
+// A layer of several taps with a stride that divides the kernel and fewer
+// than 128 channels a side (U-Net's transposed 2x2 as a convolution).
+bool few_channel_strided(const Geometry& g) {
+  return g.stride[0] * g.stride[1] * g.stride[2] > 1 && g.taps() > 1 && strides_divide_kernel(g) &&
+         std::min(g.in_channels, g.out_channels) < 128;
+}
+
 // Seconds of oneDNN's weight gradient on an AVX-512 CPU with AVX-512 BF16 but
 // without AMX. Measured with torch 2.13 on an AMD EPYC (Zen 4, 2 threads) over the
 // benchmark's layers (2026-11-24), in float32: 3x3 at 89 GMAC/s (NXC) and
@@ -571,10 +586,12 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
     macs_per_second = channels_last_rate || std::min(g.in_channels, g.out_channels) >= 128 ? 89e9 : 70e9;
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
   if (problem.spatial_rank() == 1) macs_per_second *= bf16_products ? one_axis_bf16_share(nxc) : (nxc ? 0.5 : 0.7);
-  if (bf16_products)
+  if (bf16_products) {
     macs_per_second *= g.taps() == 1 && !nxc ? 1.4 : 2;
-  else if (problem.spatial_rank() == 3)
+    if (problem.spatial_rank() > 1 && few_channel_strided(g)) macs_per_second *= kFewChannelStridedBf16Share;
+  } else if (problem.spatial_rank() == 3) {
     macs_per_second *= 0.3;
+  }
   return g.macs() / macs_per_second;
 }
 
@@ -598,11 +615,10 @@ double avx512_wide_speedup(const Problem& problem, const Geometry& g, bool nxc) 
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
   // The Zen 5's bf16 1-D layer ran at 1.4 times the Zen 4's fast speed.
   if (bf16_products && problem.spatial_rank() == 1) return 1.4 * (nxc ? 0.65 : 0.5) / one_axis_bf16_share(nxc);
+  // U-Net's at 0.8 times the Zen 4's model before its share
+  // (kFewChannelStridedBf16Share).
   if (bf16_products)
-    return problem.spatial_rank() > 1 && strided && g.taps() > 1 && strides_divide_kernel(g) &&
-                   std::min(g.in_channels, g.out_channels) < 128
-               ? 0.8
-               : 1.4;
+    return problem.spatial_rank() > 1 && few_channel_strided(g) ? 0.8 / kFewChannelStridedBf16Share : 1.4;
   if (g.taps() == 1) return nxc ? 1.75 : 1.45;
   // The Zen 5 ran channels-first ones at 1.35 times the Zen 4's fast speed (78 GMAC/s).
   if (strided && !strides_divide_kernel(g)) return nxc ? 0.8 : 1.35 * 78e9 / kStridedChannelsFirstMacsPerSecond;

@@ -19,7 +19,7 @@ namespace {
 // In the order ties are broken.
 const Algorithm* const kAlgorithms[] = {&kAtenAlgorithm, &kGemmAlgorithm, &kDepthwiseAlgorithm,
                                         &kAtenChannelsLastAlgorithm, &kDirectAlgorithm,
-                                        &kAmxAlgorithm, &kAmxPlanesAlgorithm, &kAmxDepthwiseAlgorithm,
+                                        &kBrgemmAlgorithm, &kAmxPlanesAlgorithm, &kAmxDepthwiseAlgorithm,
                                         &kMatmulAlgorithm, &kAtenChannelsFirstAlgorithm};
 
 const Algorithm* find_algorithm(const char* name) {

@@ -707,7 +707,7 @@ inline bool split_impl(const uint16_t* half, int64_t count, uint16_t* high, uint
 // columns[r] lane c = rows[c] lane r for c < 8, r < 16, 16-bit elements:
 // unpacked in pairs, quads and eights within each 128-bit lane, whose two
 // lanes hold two 8 x 8 blocks. at::vec's transpose moves 16-bit elements one
-// at a time: bf16 channels-last rows for the amx algorithm transposed at
+// at a time: bf16 channels-last rows for the brgemm algorithm transposed at
 // about 6 GB/s so.
 inline void transpose_8x16_registers(const __m256i (&rows)[8], __m128i (&columns)[16]) {
   __m256i pairs[8], quads[8];

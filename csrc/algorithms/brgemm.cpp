@@ -1,6 +1,7 @@
-// bf16 (and f16, below) weight gradients on AMX tiles, through ATen's
-// batch-reduce GEMM (at::native::cpublas::brgemm, oneDNN's brgemm ukernel),
-// accumulating in float32. Per kernel tap and sample,
+// bf16 (and f16, below) weight gradients through ATen's batch-reduce GEMM
+// (at::native::cpublas::brgemm, oneDNN's brgemm ukernel), accumulating in
+// float32: on AMX tiles where the CPU has them, else on AVX-512 BF16's dot
+// products. Per kernel tap and sample,
 //
 //     C[tap] (M x N) += A (M x K) @ B[tap] (K x N),   K = the output's positions,
 //
@@ -13,14 +14,18 @@
 // 105-305 GMAC/s on the benchmark's 1x1 layers, this at 400-610 (Sapphire
 // Rapids, 2 cores). Channels-last 1x1 layers, which have no such rows, and
 // layers whose windows along the last axis fold into B's rows take the rows
-// path (Rows, run_rows).
+// path (Rows, run_rows). On a Zen 4 (AVX-512 BF16, no AMX) the same products
+// ran the benchmark's bf16 1-D and U-Net layers 1.55-2.45 times as fast as the
+// best of oneDNN's convolution, its matmul and gemm, its channels-first 1x1
+// layers 1.0-1.6 times and its channels-last ones 0.94-1.14 (cost, below).
 //
-// f16 runs on the same tiles: each element splits exactly into a high and a
-// low bf16 (split_half), and one product over three times K sums high * high
-// + high * low + low * high, every term exact in float32 (SplitOperands);
-// only low * low, below 2^-16 of a product, is left out. On Sapphire Rapids,
-// which has no AMX-FP16, that ran the benchmark's f16 1x1, transposed 2x2
-// and 1-D layers 1.25-2.05 times faster than gemm's float32 products.
+// f16 runs on the same products: each element splits exactly into a high and
+// a low bf16 (split_half), and one product over three times K sums high *
+// high + high * low + low * high, every term exact in float32
+// (SplitOperands); only low * low, below 2^-16 of a product, is left out. On
+// Sapphire Rapids, which has no AMX-FP16, that ran the benchmark's f16 1x1,
+// transposed 2x2 and 1-D layers 1.25-2.05 times faster than gemm's float32
+// products.
 #include "algorithm.h"
 #include "scratch.h"
 #include "tap_gemm.h"
@@ -167,7 +172,7 @@ Roles roles_of(const Geometry& g) {
 }
 
 bool supports(const Problem& problem) {
-  if (!runs_on_bf16_tiles(problem)) return false;
+  if (!runs_brgemm_bf16(problem)) return false;
   const Geometry g = geometry_of(problem);
   return roles_of(g).supported || rows_of(g).supported;
 }
@@ -201,6 +206,25 @@ int64_t panel_positions(int64_t bf16_positions, bool half) { return half ? bf16_
 // tiles' time against bf16's on the same layer.
 constexpr double kSplitBytesPerSecond = 60e9;
 constexpr double kSplitTileFactor = 2.0;
+
+// Multiply-adds a second of the products from 64 channels a side
+// (tile_width). AMX tiles: fitted on a Sapphire Rapids (roles_cost). AVX-512
+// BF16's dot products, on a Zen 4 (2026-12-04, 2 threads, every layer of the
+// benchmark but depthwise forced in one process): a third of that, 205 G,
+// with the other terms as they are, put the 1x1, strided 1x1, U-Net and 1-D
+// layers at 0.93-1.08 times their measured time (the channels-last 1x1 64 ->
+// 256 layer at 0.74) and the channels-first 3x3, 4x4 and 3-D ones at
+// 0.90-1.35. 0 where not measured, which leaves the algorithm to run only
+// when forced: other calibrations (the Zen 5's whole 512-bit units), and f16
+// on dot products, whose three products a split took 1.1-1.8 times gemm's
+// float32 time on every layer of the Zen 4 that they take.
+double product_macs_per_second(bool half) {
+  switch (cpu_calibration()) {
+    case CpuCalibration::Avx512Amx: return 620e9;
+    case CpuCalibration::Avx512Bf16: return half ? 0 : 205e9;
+    default: return 0;
+  }
+}
 
 // Columns of B a block at most: its VNNI panel stays in L2.
 constexpr int64_t kMaxBlockColumns = 512;
@@ -239,7 +263,7 @@ constexpr double kStagedInL2Bytes = 512 * 1024;
 // layers and the 1-D layer (2026-11-24: 64 -> 256 on 56x56 in 0.77 ms,
 // 1024 -> 256 on 14x14 in 0.82, the 1-D layer in 0.53 (NXC) and 0.68 (NCX),
 // scaled by 1.23 to the day of the other constants, when oneDNN ran that
-// much slower): the tiles as above, A's transposition and B's interleaving
+// much slower): the products (product_macs_per_second), A's transposition and B's interleaving
 // at about 60 GB/s, a channels-first input's transposition at 20 where its
 // sample outgrows kStagedInL2Bytes, and about 0.25 ms a MiB of float32
 // result.
@@ -255,7 +279,9 @@ double rows_cost(const Geometry& g, const Rows& rows, bool half) {
   const double staged_bytes =
       rows.b_staged && staged_sample > kStagedInL2Bytes ? rows.samples * staged_sample * a_copies : 0;
   const double split_bytes = half ? (k * m * a_copies + k * n * taps) * 8 : 0;
-  const double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * tile_width(m) * tile_width(n)) +
+  const double seconds = 20e-6 +
+                         g.macs() * (half ? kSplitTileFactor : 1) /
+                             (product_macs_per_second(half) * tile_width(m) * tile_width(n)) +
                          units_count * m * units.block_columns * 8 / 120e9 + operand_bytes / 60e9 +
                          staged_bytes / 20e9 + split_bytes / kSplitBytesPerSecond + taps * m * n * 4 / 4e9;
   // Windows over more than one output row (U-Net's transposed 2x2 layer in
@@ -268,7 +294,7 @@ double rows_cost(const Geometry& g, const Rows& rows, bool half) {
 // Estimated seconds, fitted with torch 2.13 on an Intel Xeon (Sapphire
 // Rapids, AMX-BF16, 2 threads) to the benchmark's channels-first layers
 // (2026-11-23): the tiles multiply at about 620 GMAC/s from 64 channels a
-// side; every unit (sample, tap) loads and stores its C once a panel, at L2
+// side (product_macs_per_second); every unit (sample, tap) loads and stores its C once a panel, at L2
 // speed; B's 32-bit transposition copies at about 40 GB/s, and ATen's gather
 // of a tap's window at about 20 GB/s with unit stride, half that with a
 // stride, plus 4 ns a row.
@@ -280,7 +306,9 @@ double roles_cost(const Geometry& g, bool half) {
   const double b_bytes = units * n * positions * 2;
   const double panels = std::ceil(positions / panel_positions(kPanelColumns, half));
   const double split_bytes = half ? units * (m + n) * positions * 8 : 0;
-  double seconds = 20e-6 + g.macs() * (half ? kSplitTileFactor : 1) / (620e9 * tile_width(m) * tile_width(n)) +
+  double seconds = 20e-6 +
+                   g.macs() * (half ? kSplitTileFactor : 1) /
+                       (product_macs_per_second(half) * tile_width(m) * tile_width(n)) +
                    units * panels * m * n * 8 / 120e9 + b_bytes / 40e9 + split_bytes / kSplitBytesPerSecond;
   if (b_needs_staging(g, roles)) {
     const double rows = units * n * g.out[0] * g.out[1];
@@ -298,8 +326,9 @@ bool prefers_rows(const Geometry& g, const Rows& rows, bool half) {
 }
 
 double cost(const Problem& problem, const Geometry& g) {
-  const Rows rows = rows_of(g);
   const bool half = problem.input.scalar_type() == at::kHalf;
+  if (product_macs_per_second(half) == 0) return 1e30;
+  const Rows rows = rows_of(g);
   return prefers_rows(g, rows, half) ? rows_cost(g, rows, half) : roles_cost(g, half);
 }
 
@@ -351,7 +380,7 @@ void add_last_position(bool half, int64_t m, int64_t n, const BFloat16* a, int64
   }
 }
 
-// f16 operands on the bf16 tiles (split_half): A's rows as [high | high |
+// f16 operands on the bf16 products (split_half): A's rows as [high | high |
 // low] and B's VNNI panel as [high; low; high] along K, so that one product
 // over three times K sums high * high + high * low + low * high, touching C
 // once.
@@ -446,9 +475,9 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
         }
         const BFloat16* a = a_source + sample * rows.a_sample + k0 * (rows.a_transposed ? rows.a_ld : 1);
         const BFloat16* b = rows.b_staged ? staged_b_data : b_source + sample * rows.b_sample;
-        // A as (m x K) rows for the tiles: in place, or this panel transposed
+        // A as (m x K) rows for the products: in place, or this panel transposed
         // (and for f16 split).
-        const BFloat16* a_tiles = a;
+        const BFloat16* a_rows = a;
         int64_t lda = rows.a_ld;
         if ((rows.a_transposed || half) && even > 0) {
           const int64_t ld = parts * units.panel;
@@ -456,7 +485,7 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
           if (half)
             split.split_rows(rows.a_transposed ? staged_a_data : a, rows.a_transposed ? ld : rows.a_ld, m, even,
                              staged_a_data, ld);
-          a_tiles = staged_a_data;
+          a_rows = staged_a_data;
           lda = ld;
         }
         const int64_t first_block = units.split_columns ? task : 0;
@@ -469,7 +498,7 @@ at::Tensor run_rows(const Problem& problem, const Geometry& g, const Rows& rows)
             if (even > 0) {
               interleave_row_pairs(b_rows.data(), reinterpret_cast<uint16_t*>(panel_data), columns, even / 2);
               if (half) split.split_panel(panel_data, even * columns);
-              brgemm_bf16_blocks(m, columns, parts * even, lda, a_tiles, panel_data, c_block, n);
+              brgemm_bf16_blocks(m, columns, parts * even, lda, a_rows, panel_data, c_block, n);
             }
             if (k % 2 == 1)  // the last row, outside every pair
               add_last_position(half, m, columns, rows.a_transposed ? a + (k - 1) * rows.a_ld : a + k - 1,
@@ -569,16 +598,16 @@ at::Tensor run(const Problem& problem) {
 }
 #else
 at::Tensor run(const Problem&) {
-  TORCH_CHECK(false, "the amx algorithm needs ATen's cpublas::brgemm");
+  TORCH_CHECK(false, "the brgemm algorithm needs ATen's cpublas::brgemm");
   return {};
 }
 #endif
 
 }  // namespace
 
-const Algorithm kAmxAlgorithm{"amx", supports, cost, run};
+const Algorithm kBrgemmAlgorithm{"brgemm", supports, cost, run};
 
-bool runs_on_bf16_tiles(const Problem& problem) {
+bool runs_brgemm_bf16(const Problem& problem) {
   const at::Tensor& input = problem.input;
   const bool bf16_or_f16 = input.scalar_type() == at::kBFloat16 || input.scalar_type() == at::kHalf;
   return input.device().is_cpu() && input.layout() == at::kStrided && bf16_or_f16 &&
@@ -587,10 +616,24 @@ bool runs_on_bf16_tiles(const Problem& problem) {
 
 bool cpu_runs_brgemm_bf16() {
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
-  static const bool amx = cpu_has_amx_bf16() && at::native::cpublas::could_pack(at::kBFloat16);
   // ATen's brgemm runs oneDNN's ukernel, and refuses while oneDNN is disabled
   // (torch.backends.mkldnn.flags(enabled=False)).
-  return amx && at::globalContext().userEnabledMkldnn();
+  if (!at::globalContext().userEnabledMkldnn()) return false;
+  // Which CPUs ATen runs the ukernel on is its release's choice (AMX alone,
+  // or AVX-512 too); elsewhere it refuses VNNI operands. One 2x2x2 product
+  // asks: {1, 2; 3, 4} @ {5, 6; 7, 8}, B in VNNI pairs.
+  static const bool runs = (cpu_has_amx_bf16() || cpu_has_avx512_bf16()) && [] {
+    const at::BFloat16 a[4] = {1.0f, 2.0f, 3.0f, 4.0f}, vnni_b[4] = {5.0f, 7.0f, 6.0f, 8.0f};
+    float c[4] = {0, 0, 0, 0};
+    try {
+      at::native::cpublas::brgemm(2, 2, 2, 2, 2, 2, /*add_C=*/true, a, vnni_b, c);
+      at::native::cpublas::brgemm_release();
+    } catch (const c10::Error&) {
+      return false;
+    }
+    return c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50;
+  }();
+  return runs;
 #else
   return false;
 #endif
