@@ -619,10 +619,12 @@ bool cpu_runs_brgemm_bf16() {
   // ATen's brgemm runs oneDNN's ukernel, and refuses while oneDNN is disabled
   // (torch.backends.mkldnn.flags(enabled=False)).
   if (!at::globalContext().userEnabledMkldnn()) return false;
-  // Which CPUs ATen runs the ukernel on is its release's choice (AMX alone,
-  // or AVX-512 too); elsewhere it refuses VNNI operands. One 2x2x2 product
-  // asks: {1, 2; 3, 4} @ {5, 6; 7, 8}, B in VNNI pairs.
-  static const bool runs = (cpu_has_amx_bf16() || cpu_has_avx512_bf16()) && [] {
+  // On AMX, where ATen packs for the tiles (could_pack), it runs. Whether it
+  // runs on AVX-512 BF16 too is the torch release's choice (elsewhere it
+  // refuses VNNI operands): one 2x2x2 product asks, {1, 2; 3, 4} @ {5, 6;
+  // 7, 8} with B in VNNI pairs.
+  static const bool tiles = cpu_has_amx_bf16() && at::native::cpublas::could_pack(at::kBFloat16);
+  static const bool runs = tiles || (cpu_has_avx512_bf16() && [] {
     const at::BFloat16 a[4] = {1.0f, 2.0f, 3.0f, 4.0f}, vnni_b[4] = {5.0f, 7.0f, 6.0f, 8.0f};
     float c[4] = {0, 0, 0, 0};
     try {
@@ -632,7 +634,7 @@ bool cpu_runs_brgemm_bf16() {
       return false;
     }
     return c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50;
-  }();
+  }());
   return runs;
 #else
   return false;
