@@ -21,8 +21,8 @@ algorithm that supports its problem by a cost model measured on each device:
   them: per tap and sample, one operand read in place as rows of positions
   (channels-first data) and the other gathered and packed; channels-last 1x1
   layers, and layers whose taps along the last axis fold into rows (a 1-D
-  front end), as matrices of pixel rows. (Named ``"amx"`` while it ran on AMX
-  tiles only.);
+  front end), as matrices of pixel rows (named ``"amx"`` while it ran on AMX
+  tiles only);
 - ``"amx_planes"``: on AMX tiles, the input copied once a sample into phase
   planes that every tap reads in place;
 - ``"amx_depthwise"``: bf16 depthwise 2-D layers on AMX tiles.

@@ -263,10 +263,10 @@ constexpr double kStagedInL2Bytes = 512 * 1024;
 // layers and the 1-D layer (2026-11-24: 64 -> 256 on 56x56 in 0.77 ms,
 // 1024 -> 256 on 14x14 in 0.82, the 1-D layer in 0.53 (NXC) and 0.68 (NCX),
 // scaled by 1.23 to the day of the other constants, when oneDNN ran that
-// much slower): the products (product_macs_per_second), A's transposition and B's interleaving
-// at about 60 GB/s, a channels-first input's transposition at 20 where its
-// sample outgrows kStagedInL2Bytes, and about 0.25 ms a MiB of float32
-// result.
+// much slower): the products (product_macs_per_second), A's transposition
+// and B's interleaving at about 60 GB/s, a channels-first input's
+// transposition at 20 where its sample outgrows kStagedInL2Bytes, and about
+// 0.25 ms a MiB of float32 result.
 double rows_cost(const Geometry& g, const Rows& rows, bool half) {
   const RowUnits units(rows, at::get_num_threads(), half);
   const double m = static_cast<double>(rows.m), n = static_cast<double>(rows.n);
@@ -294,10 +294,10 @@ double rows_cost(const Geometry& g, const Rows& rows, bool half) {
 // Estimated seconds, fitted with torch 2.13 on an Intel Xeon (Sapphire
 // Rapids, AMX-BF16, 2 threads) to the benchmark's channels-first layers
 // (2026-11-23): the tiles multiply at about 620 GMAC/s from 64 channels a
-// side (product_macs_per_second); every unit (sample, tap) loads and stores its C once a panel, at L2
-// speed; B's 32-bit transposition copies at about 40 GB/s, and ATen's gather
-// of a tap's window at about 20 GB/s with unit stride, half that with a
-// stride, plus 4 ns a row.
+// side (product_macs_per_second); every unit (sample, tap) loads and stores
+// its C once a panel, at L2 speed; B's 32-bit transposition copies at about
+// 40 GB/s, and ATen's gather of a tap's window at about 20 GB/s with unit
+// stride, half that with a stride, plus 4 ns a row.
 double roles_cost(const Geometry& g, bool half) {
   const Roles roles = roles_of(g);
   const double positions = static_cast<double>(g.out_positions());
