@@ -713,7 +713,10 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
     // (bf16) and 0.77 (f16), with stride 2 at 1.26 (f32) and 0.66 (f16,
     // bf16). Depthwise 7x7 (ConvNeXt) in f16/bf16: NHWC 0.6 TB/s, NCX ten
     // times slower; in float32 the other way round: 0.12 TB/s on NCX data,
-    // 0.033 on NHWC.
+    // 0.033 on NHWC. The float32 1x1 layer on 14x14 maps made its NCX pass at
+    // about 2.6 TB/s on the H100 and 4.0 on an H200 (2026-12-04), where cuDNN
+    // in place ran 4.7% faster than the tiled copy to NHWC and cuDNN's NHWC
+    // kernel (1% on the H100): unstrided float32 1x1 is taken at 3.0.
     const bool nhwc = layout == DataLayout::ChannelsLast || (layout == DataLayout::Given && is_channels_last(problem.input));
     const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
     const at::ScalarType dtype = problem.input.scalar_type();
@@ -730,9 +733,13 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
       const bool slow_strides = g.taps() > 1 && !strides_divide_kernel(g);
       const double macs_per_second = slow_strides ? (reduced ? 58e12 : 38e12) : (reduced ? 170e12 : 60e12);
       base_seconds = std::max(g.macs() / macs_per_second, data_bytes / 2.3e12);
-      const bool long_pointwise_rows = g.taps() == 1 && !strided && g.out_positions() >= 1024;
-      if (!nhwc && !long_pointwise_rows)
-        base_seconds += 2 * data_bytes / (slow_strides ? (reduced ? 1.5e12 : 1.75e12) : (reduced ? 1.9e12 : 2.6e12));
+      const bool pointwise = g.taps() == 1 && !strided;
+      const double ncx_pass_bytes_per_second = slow_strides ? (reduced ? 1.5e12 : 1.75e12)
+                                               : reduced    ? 1.9e12
+                                               : pointwise  ? 3.0e12
+                                                            : 2.6e12;
+      if (!nhwc && !(pointwise && g.out_positions() >= 1024))
+        base_seconds += 2 * data_bytes / ncx_pass_bytes_per_second;
     }
     return 5e-6 + cuda_copy_seconds + base_seconds;
   }
