@@ -108,6 +108,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
+    benchmark.settle_allocator()
     if args.block_seconds is None:
         args.block_seconds = 0.02 if device.type == "cuda" else 0.1
     records = []

@@ -361,6 +361,21 @@ def _best_seconds(function: Callable, device: torch.device, budget: float) -> fl
     return best
 
 
+def settle_allocator() -> None:
+    """Put the process's memory allocator in the state a training loop keeps it in.
+
+    glibc's malloc serves a large block as a fresh mapping until the process has freed a block
+    that size (it then raises its mapping threshold to that size, at most 32 MB), and every
+    page of a fresh mapping faults on first touch. Until then, oneDNN's temporary buffers do so
+    on every call: on a Zen 4 (2026-12-04) ResNet-50's 3x3 64-channel f32 layer on channels-first
+    data took 15-18 ms per call in such a process, with 3000 more page faults a call, and 11-12 ms
+    after one 8 MB tensor had been allocated and freed (the "two speeds by process" of earlier
+    measurements). A training step frees activations larger than that, so both this benchmark and
+    ``benchmarks/forced_algorithms.py`` time every call in the settled state.
+    """
+    torch.empty(6 << 20)  # 24 MB of f32, freed at once
+
+
 def measure_roofline(device: torch.device, dtypes: Sequence[torch.dtype], quick: bool) -> Roofline:
     """GEMM rates: square (compute bound) and skinny ``(M, K) @ (K, N)`` with a long K
     (the shape of a weight gradient), best per dtype; on CPUs, for f32 and bf16, also the
@@ -609,6 +624,7 @@ def main(argv: Optional[Sequence[str]] = None, cases: Optional[Sequence[Case]] =
     dtypes = [DTYPES[name] for name in args.dtypes]
 
     start = time.perf_counter()
+    settle_allocator()
     roofline = measure_roofline(device, dtypes, args.quick)
     print("\n".join(header_lines(device, roofline)), flush=True)
     generator = torch.Generator(device).manual_seed(0)
