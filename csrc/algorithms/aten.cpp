@@ -525,7 +525,14 @@ double one_axis_bf16_share(bool nxc) { return nxc ? 0.41 : 0.35; }
 // ResNet-50's stride-2 3x3 layer (128 channels, 56x56, N=8) at 75-83 GMAC/s
 // in some processes and 47-54 in others, 11.1-12.4 or 17.1-19.6 ms (13.6 on
 // average over seven measurements, 2026-12-04, 2 threads), where gemm took
-// 10.8-11.9 in each of three. The model had the fast speed, 78 GMAC/s.
+// 10.8-11.9 in each of three. The model had the fast speed, 78 GMAC/s. The
+// slow one is that of a process that has not yet freed a block of several MB:
+// glibc's malloc then maps oneDNN's temporary buffers afresh on every call,
+// and each of their pages faults on first touch (18-25 ms and 5000-7000 more
+// page faults a call; 13-15 ms after one 24 MB tensor was allocated and
+// freed, benchmark.settle_allocator; 2026-12-04). A training step frees
+// larger blocks, but gemm, whose speed does not depend on it, stays the pick
+// where the fast speed beat it by 2-7% at most (2026-12-04).
 constexpr double kStridedChannelsFirstMacsPerSecond = 68e9;
 
 // The share of the rate below that oneDNN's bf16 products reach on average
@@ -561,7 +568,9 @@ bool few_channel_strided(const Geometry& g) {
 // channels ran as fast channels-first as channels-last (83-98 GMAC/s at
 // 28x28 and 14x14, 55-63 at 7x7), 1.05-1.23 times as fast in place as
 // copied to channels-last; 64 channels at 56x56 ran at 83-88 or at 56-61,
-// by process (2026-11-25).
+// by process (2026-11-25: the slower where the process had not yet freed a
+// large block, as at kStridedChannelsFirstMacsPerSecond; gemm took 10.5-12.6
+// ms in either, oneDNN 10.8-11.8 or 15-18, 2026-12-04).
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
   const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
