@@ -532,7 +532,9 @@ double one_axis_bf16_share(bool nxc) { return nxc ? 0.41 : 0.35; }
 // page faults a call; 13-15 ms after one 24 MB tensor was allocated and
 // freed, benchmark.settle_allocator; 2026-12-04). A training step frees
 // larger blocks, but gemm, whose speed does not depend on it, stays the pick
-// where the fast speed beat it by 2-7% at most (2026-12-04).
+// where the settled speed beat it by 2-7% in pairs of calls (the 64-channel
+// layer below: between 4% slower and 16% faster in the benchmark's runs;
+// 2026-12-04).
 constexpr double kStridedChannelsFirstMacsPerSecond = 68e9;
 
 // The share of the rate below that oneDNN's bf16 products reach on average
@@ -569,7 +571,7 @@ bool few_channel_strided(const Geometry& g) {
 // 28x28 and 14x14, 55-63 at 7x7), 1.05-1.23 times as fast in place as
 // copied to channels-last; 64 channels at 56x56 ran at 83-88 or at 56-61,
 // by process (2026-11-25: the slower where the process had not yet freed a
-// large block, as at kStridedChannelsFirstMacsPerSecond; gemm took 10.5-12.6
+// large block, as at kStridedChannelsFirstMacsPerSecond; gemm took 10.5-12.7
 // ms in either, oneDNN 10.8-11.8 or 15-18, 2026-12-04).
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
@@ -745,7 +747,7 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
       const bool pointwise = g.taps() == 1 && !strided;
       const double ncx_pass_bytes_per_second = slow_strides ? (reduced ? 1.5e12 : 1.75e12)
                                                : reduced    ? 1.9e12
-                                               : pointwise  ? 3.0e12
+                                               : pointwise && dtype == at::kFloat ? 3.0e12
                                                             : 2.6e12;
       if (!nhwc && !(pointwise && g.out_positions() >= 1024))
         base_seconds += 2 * data_bytes / ncx_pass_bytes_per_second;
