@@ -369,11 +369,11 @@ def settle_allocator() -> None:
     page of a fresh mapping faults on first touch. Until then, oneDNN's temporary buffers do so
     on every call: on a Zen 4 (2026-12-04) ResNet-50's 3x3 64-channel f32 layer on channels-first
     data took 15-18 ms per call in such a process, with 3000 more page faults a call, and 11-12 ms
-    after one 8 MB tensor had been allocated and freed (the "two speeds by process" of earlier
+    after one 24 MB tensor had been allocated and freed (the "two speeds by process" of earlier
     measurements). A training step frees activations larger than that, so both this benchmark and
     ``benchmarks/forced_algorithms.py`` time every call in the settled state.
     """
-    torch.empty(6 << 20)  # 24 MB of f32, freed at once
+    torch.empty(6 << 20, dtype=torch.float32)  # 24 MB, freed at once
 
 
 def measure_roofline(device: torch.device, dtypes: Sequence[torch.dtype], quick: bool) -> Roofline:
