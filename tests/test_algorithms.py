@@ -1571,11 +1571,13 @@ AVX2_PICKS = [
 # The Zen 4 calibration's picks where oneDNN runs at one of two speeds by process, from the averages
 # of both (benchmarks/forced_algorithms.py, the benchmark and the glue's call, AMD EPYC Zen 4, 2
 # threads, 2026-12-04; ms): the fused kernel (gemm) for ResNet-50's channels-first stride-2 3x3 f32
-# layer (10.8-11.9 against oneDNN's 11.1-12.4 or 17.1-19.6). And brgemm's bf16 products on
-# AVX-512 BF16 (benchmarks/forced_algorithms.py, the same CPU and day): the 1-D layer (1.50 and
-# 1.59 ms, channels-last and channels-first, against matmul's 3.64 and gemm's 3.32), U-Net's
-# (1.34 and 1.28 against matmul's 2.78 and 2.02) and ResNet-50's channels-first 1x1 64 -> 256
-# (2.27 against matmul's 3.60).
+# layer (10.8-11.9 against oneDNN's 11.1-12.4 or 17.1-19.6, the slower in processes whose allocator
+# had not settled: benchmark.settle_allocator). And brgemm's bf16 products on AVX-512 BF16
+# (benchmarks/forced_algorithms.py, the same CPU and day): the 1-D layer (1.50 and 1.59 ms,
+# channels-last and channels-first, against matmul's 3.64 and gemm's 3.32), U-Net's (1.34 and 1.28
+# against matmul's 2.78 and 2.02), ResNet-50's channels-first 1x1 64 -> 256 (2.27 against matmul's
+# 3.60) and its channels-last stride-2 1x1 (4.7-5.1 settled, 6-16% faster than oneDNN in each of
+# ten paired measurements, oneDNN's bf16 matmul 5.3-6.4).
 ZEN4_PICKS = [
     # (layer name's start, layout, dtype, pick)
     ("resnet50 3x3 s2", "NCX", "f32", "gemm"),
@@ -1584,6 +1586,7 @@ ZEN4_PICKS = [
     ("unet convT", "NXC", "bf16", "brgemm"),
     ("unet convT", "NCX", "bf16", "brgemm"),
     ("resnet50 1x1 64->256", "NCX", "bf16", "brgemm"),
+    ("resnet50 1x1 s2", "NXC", "bf16", "brgemm"),
 ]
 
 

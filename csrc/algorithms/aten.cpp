@@ -545,6 +545,20 @@ constexpr double kStridedChannelsFirstMacsPerSecond = 68e9;
 // 2.2 on average), where the rate had 1.2.
 constexpr double kFewChannelStridedBf16Share = 0.54;
 
+// oneDNN's bf16 products on a channels-last strided 1x1 layer against its
+// float32 rate on the Zen 4: ResNet-50's stride-2 1x1 layer (256 -> 512,
+// 56x56, N=8) took 5.1-6.1 ms in seven settled processes (median 5.6; 4.8-5.3
+// in three unsettled ones, 2026-12-04), where twice the float32 rate had 4.8;
+// brgemm ran it 6-16% faster than oneDNN in each of ten paired measurements
+// (4.7-5.1 ms settled).
+constexpr double kStridedPointwiseChannelsLastBf16Gain = 1.75;
+
+// A 2-D or 3-D 1x1 layer with a stride on channels-last data (as measured
+// there; 1-D layers have their own share, one_axis_bf16_share).
+bool strided_pointwise_channels_last(const Problem& problem, const Geometry& g, bool nxc) {
+  return nxc && g.taps() == 1 && g.stride[0] * g.stride[1] * g.stride[2] > 1 && problem.spatial_rank() > 1;
+}
+
 // A layer of several taps with a stride that divides the kernel and fewer
 // than 128 channels a side (U-Net's transposed 2x2 as a convolution).
 bool few_channel_strided(const Geometry& g) {
@@ -598,7 +612,9 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   macs_per_second = std::min(macs_per_second, few_channel_groups_macs_per_second(g, nxc));
   if (problem.spatial_rank() == 1) macs_per_second *= bf16_products ? one_axis_bf16_share(nxc) : (nxc ? 0.5 : 0.7);
   if (bf16_products) {
-    macs_per_second *= g.taps() == 1 && !nxc ? 1.4 : 2;
+    macs_per_second *= g.taps() == 1 && !nxc                         ? 1.4
+                       : strided_pointwise_channels_last(problem, g, nxc) ? kStridedPointwiseChannelsLastBf16Gain
+                                                                          : 2;
     if (problem.spatial_rank() > 1 && few_channel_strided(g)) macs_per_second *= kFewChannelStridedBf16Share;
   } else if (problem.spatial_rank() == 3) {
     macs_per_second *= 0.3;
@@ -628,8 +644,12 @@ double avx512_wide_speedup(const Problem& problem, const Geometry& g, bool nxc) 
   if (bf16_products && problem.spatial_rank() == 1) return 1.4 * (nxc ? 0.65 : 0.5) / one_axis_bf16_share(nxc);
   // U-Net's at 0.8 times the Zen 4's model before its share
   // (kFewChannelStridedBf16Share).
-  if (bf16_products)
-    return problem.spatial_rank() > 1 && few_channel_strided(g) ? 0.8 / kFewChannelStridedBf16Share : 1.4;
+  if (bf16_products && problem.spatial_rank() > 1 && few_channel_strided(g)) return 0.8 / kFewChannelStridedBf16Share;
+  // Its channels-last strided 1x1 layers at 1.4 times the Zen 4's model before
+  // kStridedPointwiseChannelsLastBf16Gain.
+  if (bf16_products && strided_pointwise_channels_last(problem, g, nxc))
+    return 1.4 * 2 / kStridedPointwiseChannelsLastBf16Gain;
+  if (bf16_products) return 1.4;
   if (g.taps() == 1) return nxc ? 1.75 : 1.45;
   // The Zen 5 ran channels-first ones at 1.35 times the Zen 4's fast speed (78 GMAC/s).
   if (strided && !strides_divide_kernel(g)) return nxc ? 0.8 : 1.35 * 78e9 / kStridedChannelsFirstMacsPerSecond;

@@ -287,8 +287,12 @@ double rows_cost(const Geometry& g, const Rows& rows, bool half) {
   // Windows over more than one output row (U-Net's transposed 2x2 layer in
   // 0.48 ms both layouts, ResNet-50's strided 1x1 in 1.67 NXC and 1.89 NCX,
   // 2026-11-24) took 0.9-1.0 times these terms where the layers above took
-  // 0.7-0.8: scaled by 1.23 likewise.
-  return rows.windows && g.out[0] * g.out[1] > 1 ? seconds * 1.23 : seconds;
+  // 0.7-0.8: scaled by 1.23 likewise. On the Zen 4's dot products 1.1: there
+  // the channels-last layers took 1.22-1.31 ms (U-Net) and 4.7-5.1 (stride-2
+  // 1x1) in settled processes (2026-12-04), 0.86-0.94 times the estimate
+  // with 1.23.
+  const double windows_factor = cpu_calibration() == CpuCalibration::Avx512Bf16 ? 1.1 : 1.23;
+  return rows.windows && g.out[0] * g.out[1] > 1 ? seconds * windows_factor : seconds;
 }
 
 // Estimated seconds, fitted with torch 2.13 on an Intel Xeon (Sapphire
