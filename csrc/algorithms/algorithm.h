@@ -59,6 +59,8 @@ struct Geometry {
   // axis has size 1 and stride 0.
   int64_t input_strides[5], grad_output_strides[5];
   int64_t taps() const { return kernel[0] * kernel[1] * kernel[2]; }
+  // Whether some axis has a stride above 1.
+  bool strided() const { return stride[0] * stride[1] * stride[2] > 1; }
   // Output positions a sample: Y0 * Y1 * Y2.
   int64_t out_positions() const { return out[0] * out[1] * out[2]; }
   // Multiply-adds of the weight gradient: N * Y * O * C/g * K.

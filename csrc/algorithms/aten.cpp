@@ -412,7 +412,7 @@ double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
   if (g.in_channels == g.groups && g.out_channels == g.groups)
     return g.data_bytes(problem.input.element_size()) / 3e9;
-  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  const bool strided = g.strided();
   double macs_per_second = nxc ? 25e9 : 40e9;
   if (g.taps() == 1)
     macs_per_second = strided ? 25e9 : (nxc ? (g.in_channels * g.out_channels / (g.groups * g.groups) >= kManyPairs
@@ -458,7 +458,7 @@ double avx512_amx_cpu_seconds(const Problem& problem, const Geometry& g, bool nx
     const double bytes_per_second = (bf16 ? (nxc ? 11e9 : 7e9) : (nxc ? 35e9 : 9e9)) / (g.taps() > 9 ? 20 : 1);
     return kDepthwiseSetupSeconds + g.data_bytes(problem.input.element_size()) / bytes_per_second;
   }
-  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  const bool strided = g.strided();
   double macs_per_second;
   if (g.taps() == 1)
     macs_per_second = nxc ? (g.in_channels >= 512 ? 115e9 : 135e9) : 110e9;
@@ -556,13 +556,13 @@ constexpr double kStridedPointwiseChannelsLastBf16Gain = 1.75;
 // A 2-D or 3-D 1x1 layer with a stride on channels-last data (as measured
 // there; 1-D layers have their own share, one_axis_bf16_share).
 bool strided_pointwise_channels_last(const Problem& problem, const Geometry& g, bool nxc) {
-  return nxc && g.taps() == 1 && g.stride[0] * g.stride[1] * g.stride[2] > 1 && problem.spatial_rank() > 1;
+  return nxc && g.taps() == 1 && g.strided() && problem.spatial_rank() > 1;
 }
 
 // A layer of several taps with a stride that divides the kernel and fewer
 // than 128 channels a side (U-Net's transposed 2x2 as a convolution).
 bool few_channel_strided(const Geometry& g) {
-  return g.stride[0] * g.stride[1] * g.stride[2] > 1 && g.taps() > 1 && strides_divide_kernel(g) &&
+  return g.strided() && g.taps() > 1 && strides_divide_kernel(g) &&
          std::min(g.in_channels, g.out_channels) < 128;
 }
 
@@ -589,7 +589,7 @@ bool few_channel_strided(const Geometry& g) {
 // ms in either, oneDNN 10.8-11.8 or 15-18, 2026-12-04).
 double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16 && cpu_has_avx512_bf16();
-  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  const bool strided = g.strided();
   if (!bf16_products && !strided && g.taps() == 1 && g.groups == 1 && problem.spatial_rank() == 2)
     return avx512_float32_pointwise_seconds(g, nxc);
   if (g.in_channels == g.groups && g.out_channels == g.groups) {
@@ -639,7 +639,7 @@ double avx512_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
 double avx512_wide_speedup(const Problem& problem, const Geometry& g, bool nxc) {
   const bool bf16_products = problem.input.scalar_type() == at::kBFloat16;
   if (g.in_channels == g.groups && g.out_channels == g.groups) return nxc ? 1.2 : bf16_products ? 0.87 : 1.3;
-  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  const bool strided = g.strided();
   // The Zen 5's bf16 1-D layer ran at 1.4 times the Zen 4's fast speed.
   if (bf16_products && problem.spatial_rank() == 1) return 1.4 * (nxc ? 0.65 : 0.5) / one_axis_bf16_share(nxc);
   // U-Net's at 0.8 times the Zen 4's model before its share
@@ -677,7 +677,7 @@ double avx512_without_bf16_cpu_seconds(const Problem& problem, const Geometry& g
     const double bytes_per_second = g.taps() > 9 ? (nxc ? 1.3e9 : 0.35e9) : (nxc ? 7e9 : 5.5e9);
     return kDepthwiseSetupSeconds + g.data_bytes(problem.input.element_size()) / bytes_per_second;
   }
-  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  const bool strided = g.strided();
   double macs_per_second;
   if (g.taps() == 1 && strided)
     macs_per_second = nxc ? 61e9 : 54e9;
@@ -749,7 +749,7 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
     // in place ran 4.7% faster than the tiled copy to NHWC and cuDNN's NHWC
     // kernel (1% on the H100): unstrided float32 1x1 is taken at 3.0.
     const bool nhwc = layout == DataLayout::ChannelsLast || (layout == DataLayout::Given && is_channels_last(problem.input));
-    const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+    const bool strided = g.strided();
     const at::ScalarType dtype = problem.input.scalar_type();
     const double data_bytes = g.data_bytes(element_size);
     double base_seconds;

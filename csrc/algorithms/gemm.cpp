@@ -307,7 +307,7 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   // channels-last data at 32-43 GMAC/s (two runs, 2026-12-01): one tap whose
   // rows lie a stride apart, copied a chunk at a time (an aliasing row
   // stride) or read a line a row.
-  const bool strided = g.stride[0] * g.stride[1] * g.stride[2] > 1;
+  const bool strided = g.strided();
   if (calibration == CpuCalibration::Avx2)
     return (fused ? 60e9 * (g.taps() == 1 && strided ? 0.65 : 1.0) : 48e9) * width(in_per_group) *
            width(out_per_group);
