@@ -9,8 +9,9 @@
 # Steps: build, cuda-tests, bench (the default: all three; their limits add up to 560 s, one such
 # call; with 16 cores the build took 34 s under C++17 on an H100 machine and, under C++20, 137 s
 # after a first try stopped at 90 s, and 188 and 197 s on an H200 machine; the CUDA tests 86-100 s;
-# the benchmark 92-94 s at 3 repeats, 172 s at 5), layouts (every CUDA algorithm forced on the benchmark's layers, and the layout
-# copy's bandwidth: the CUDA cost model's calibration, benchmarks/forced_algorithms.py), cpu-tests
+# the benchmark 92-94 s at 3 repeats, 172 s at 5), layouts (every CUDA algorithm forced on the
+# benchmark's layers, and the layout copy's bandwidth: the CUDA cost model's calibration,
+# benchmarks/forced_algorithms.py), cpu-tests
 # (the rest of the suite, which CI runs anyway). The build honours CC, CXX, MAX_JOBS and
 # TORCH_CUDA_ARCH_LIST.
 # pytest-xdist, where installed, runs the tests in parallel.
