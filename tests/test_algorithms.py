@@ -301,15 +301,18 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
 
-# Where gemm packs an operand and every thread has a sample, each thread packs
-# and multiplies its own run of samples into a partial sum: runs of unequal
+# Where gemm packs or converts an operand and every thread has a sample, each
+# thread packs and multiplies its own run of samples into a partial sum: runs of unequal
 # length (5 samples on 2 and 3 threads), groups, a strided axis whose phases
 # share a plane (packed from channels-first data), the output gradient packed
 # alone (channels-first, no padding), a stride-2 1x1 layer's phase plane
 # (channels-first: BLAS multiplies it, and it is packed channels-first), a
 # padded 1-D line too long to pitch and a stride-3 axis of two phase planes
-# in groups (in float64 their taps read planes packed channels-first),
-# float64 (BLAS throughout), and one thread, which packs every sample at once.
+# in groups (in float64 their taps read planes packed channels-first), an
+# unpadded 1x1 layer's channels-first data, which BLAS reads in place (bf16
+# converted a sample at a time by each thread, f32 not copied: a sample's
+# product split between the threads), float64 (BLAS throughout), and one
+# thread, which packs every sample at once.
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("case", [
@@ -319,7 +322,9 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
     dict(kernel=(1, 1), attributes=dict(strides=2), groups=1, data_format="NCX"),
     dict(kernel=(3,), attributes=dict(pads_begin=1, pads_end=1), groups=1, data_format="NCX", size=(1030,)),
     dict(kernel=(2, 1), attributes=dict(strides=(3, 1)), groups=2, data_format="NCX"),
-], ids=["padded-NXC", "groups-NCX", "unpadded-NCX", "1x1-stride-2-NCX", "long-line-NCX", "two-planes-groups-NCX"])
+    dict(kernel=(1, 1), attributes=dict(), groups=1, data_format="NCX"),
+], ids=["padded-NXC", "groups-NCX", "unpadded-NCX", "1x1-stride-2-NCX", "long-line-NCX", "two-planes-groups-NCX",
+        "1x1-in-place-NCX"])
 def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     n, c, o, size = 5, 8, 6, case.get("size", (9, 10))
     kernel, groups, data_format = case["kernel"], case["groups"], case["data_format"]

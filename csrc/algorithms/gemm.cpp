@@ -427,8 +427,13 @@ int64_t samples_per_batch(int64_t channels_a, int64_t channels_b) {
 // wrote itself, from its own cache. Read across cores instead, freshly
 // written lines made the fused kernel 1.5x slower (audio NCX f32, 3.45 ->
 // 2.42 ms; 3x3 64ch NCX 7.2 -> 6.3) and BLAS 1.08x (stride-2 1x1 NCX, 6.04
-// -> 5.58; Xeon, 2 threads). Only where something is packed (the input's
-// planes, or the output gradient), and with a sample per thread. With
+// -> 5.58; Xeon, 2 threads). Only where something is copied (the input's
+// planes, the output gradient, or f16/bf16 converted for BLAS), and with a
+// sample per thread. Converted by ATen's parallel copy between products
+// instead, ResNet's 1x1 64->256 NCX f16 layer ran 7.6-8.2 ms in most
+// processes and 14.5-16 in some (Zen 4, 2 threads): the copy, one sample's
+// output gradient, 0.13-0.18 ms on two threads and 0.10-0.12 on one, took
+// 0.65-0.86 ms for a whole process in one of about eight. With
 // nothing packed (a channels-first 1-D input read in place, its output
 // gradient's channels-last rows read in place too), splitting each
 // sample's products inside the kernel ran 1.03-1.07x as fast as by samples
@@ -436,9 +441,9 @@ int64_t samples_per_batch(int64_t channels_a, int64_t channels_b) {
 // run, 0.97-1.04x in another (Cascade Lake, 2 threads). The partial sums
 // are added in a fixed order: deterministic for a thread count, as the
 // depthwise kernels are.
-bool multiplies_by_samples(const Geometry& g, bool fused_rows, bool packs_planes, bool packs_dy) {
+bool multiplies_by_samples(const Geometry& g, bool fused_rows, bool copies) {
   const int64_t threads = at::get_num_threads();
-  return !(fused_rows && fused_swaps_operands(g)) && (packs_planes || packs_dy) && threads > 1 &&
+  return !(fused_rows && fused_swaps_operands(g)) && copies && threads > 1 &&
          g.batch >= threads && !at::in_parallel_region();
 }
 
@@ -639,7 +644,8 @@ at::Tensor run(const Problem& problem) {
   // The input's planes are packed unless they are the input itself or it is
   // read in place.
   const bool packs_planes = !layout.direct && !in_place;
-  if (multiplies_by_samples(g, fused_rows, packs_planes, packs_dy)) {
+  const bool converts = !fused_rows && problem.input.scalar_type() != dtype;
+  if (multiplies_by_samples(g, fused_rows, packs_planes || packs_dy || converts)) {
     const int64_t threads = at::get_num_threads();
     const at::Tensor partials = at::empty({threads, groups, g.taps(), in_per_group, out_per_group}, sums_options);
     Geometry sample = g;
@@ -834,7 +840,7 @@ double cost(const Problem& problem, const Geometry& g) {
   if (!fused) {
     // Each thread's own samples are multiplied one at a time; other samples
     // whose rows do not flatten together in batches where run() does.
-    const bool by_samples = multiplies_by_samples(g, fused, packs_planes, packs_dy);
+    const bool by_samples = multiplies_by_samples(g, fused, packs_planes || packs_dy || converts);
     const bool samples_flatten = (input_channels_last || packs_input) && !by_samples;
     const double sample_rows = padded_rows * g.out[0];
     const double products_per_tap =
