@@ -332,12 +332,14 @@ class RowRuns {
 // a chunk computes, the next chunk's rows of B, and of A at the block's
 // largest offset (the rows no earlier chunk has read), are prefetched a few
 // lines per tile: long-K operands stream from memory, and the copies would
-// stall on it. Rows of A that the tiles read in place (not packed) go to L2
-// only where a chunk of them outgrows a slab: in L1 they would evict the
-// slabs the tiles are reading (ResNet-50's 1x1 64->256 layer, channels-last
-// f32, A its output gradient's 256 channels, 128 a thread: 1.08-1.3x as fast
-// in eight interleaved runs, the benchmark's other gemm layers within their
-// noise, 0.96-1.05x; Zen 4, 2 threads). f16/bf16 A laid out channels-first
+// stall on it. Rows of B, and of A where the tiles read it in place (not
+// packed), go to L2 only where a chunk of them outgrows a slab: in L1 they
+// would evict the slabs the tiles are reading (ResNet-50's 1x1 64->256
+// layer, channels-last f32, A its output gradient's 256 channels, 128 a
+// thread, B its input's 64: 1.08-1.3x as fast with A's rows so in eight
+// interleaved runs, and 1.01-1.14x more with B's in four; the benchmark's
+// other gemm layers within their noise, 0.95-1.05x; Zen 4, 2 threads; the
+// AVX2 build not measured, and left as it was). f16/bf16 A laid out channels-first
 // (a_channel_stride != 1) is not packed but converted a chunk at a time, each channel's run of
 // positions at once, and read from that copy (the runs): a channel's element
 // converts once for all the taps that read it, in vectors, where packing
@@ -418,10 +420,12 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   converts_region = converts_region && (chunk_rows + most_rows) * region_width <= (m_end - m_begin) * chunk_rows;
   pack_a = pack_a && !converts_region;
   LineAlignedBuffer<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
-  // A read in place by the tiles, a chunk of it larger than a slab (the AVX-512 build; AVX2 not measured).
-  const bool a_outgrows_slab = kLanes == 16 && !pack_a && !converts_region && !bounded &&
-                               (channel_end - channel_begin) * static_cast<int64_t>(sizeof(T)) >
-                                   kTileO * static_cast<int64_t>(sizeof(float));
+  // Whether a chunk's rows of this many columns outgrow a slab (the AVX-512 build only).
+  const auto outgrows_slab = [](int64_t columns) {
+    return kLanes == 16 && columns * static_cast<int64_t>(sizeof(T)) > kTileO * static_cast<int64_t>(sizeof(float));
+  };
+  const bool a_to_l2 = !pack_a && !converts_region && !bounded && outgrows_slab(channel_end - channel_begin);
+  const bool b_to_l2 = outgrows_slab(o_end - o_begin);
   LineAlignedBuffer<float> region(converts_region ? (chunk_rows + most_rows) * region_pitch : 0);
   // Where each m reads the region in its row 0, the same for every chunk.
   std::vector<int64_t> region_offsets(converts_region ? m_end - m_begin : 0);
@@ -507,9 +511,9 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
       const int64_t o0 = o_begin + slab * kTileO, width = std::min(kTileO, o_end - o0);
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const auto [row_begin, row_end] = next_chunk.next();
-        prefetch_rows(b_data, args.ldb, row_begin, row_end, o_begin, o_end);
+        prefetch_rows(b_data, args.ldb, row_begin, row_end, o_begin, o_end, b_to_l2);
         if (args.a_channel_stride == 1)
-          prefetch_rows(ahead, args.lda, row_begin, row_end, channel_begin, channel_end, a_outgrows_slab);
+          prefetch_rows(ahead, args.lda, row_begin, row_end, channel_begin, channel_end, a_to_l2);
         else  // each channel's run of positions
           prefetch_rows(ahead, args.a_channel_stride, channel_begin, channel_end, row_begin * args.lda,
                         row_end * args.lda);
