@@ -146,15 +146,15 @@ def test_gemm_tiles_that_span_taps(dtype, channels, groups, stride):
     assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
-# On AVX2 the fused kernel converts f16/bf16 channels-last A a region a chunk
-# (each row that some tap of the block reads, the block's columns) instead of
-# packing it per tile: blocks that start or end inside a tap (40 channels: 6-row
+# The fused kernel converts f16/bf16 channels-last A a region a chunk (each
+# row that some tap of the block reads, the block's columns) instead of
+# packing it per tile (on AVX-512 only where several taps read it): blocks that start or end inside a tap (40 channels: 6-row
 # tiles, blocks of at most 192 rows of A), a block of some of a 1x1 layer's
 # 400 channels, the 1-D layer's input read in place (taps 32 channels apart in
 # rows of 5 pixels, so a tap's channels start mid-row), groups, 3-D, stride-2
 # phase planes, and NaN-poisoned strided views (the region converts the NaN
 # between the view's elements, which no product may read). The AVX-512 build
-# packs these, so they cover it too.
+# packs the 1x1 layer's, so they cover packing too.
 GEMM_REGION_CASES = {
     # name: (n, c, o, size, kernel, attributes)
     "taps-cut-by-blocks": (2, 40, 24, (9, 11), (3, 3), dict(pads_begin=1, pads_end=1)),

@@ -165,7 +165,9 @@ inline Vector load_as_float(const T* p, int64_t count) { return load_first_float
 template <typename T>
 inline Vector load_as_float(const T* p) { return load_floats(p); }
 static_assert(kTileO == 2 * kLanes, "a tile's row of B is two vectors");
-// Whether A that block_of would pack is converted a region a chunk instead.
+// Whether A that block_of would pack is converted a region a chunk instead
+// wherever that converts no more elements (the AVX2 build), or only f16/bf16
+// where it converts fewer (the AVX-512 build).
 constexpr bool kConvertsRegion = kLanes == 8;
 
 // out[i][j] (+)= sum_{r < rows} a[i][r * lda] * slab[r][j] for i < kM,
@@ -355,7 +357,12 @@ class RowRuns {
 // by element, 6 to a tile's row), once for every 4 slabs of B that 64 output
 // channels give. float32 A at a row stride that aliases (tap_gemm.cpp's
 // kAliasingLda) is copied into such a region too, at a pitch that does not.
-// The AVX-512 build was not measured so and keeps packing.
+// The AVX-512 build does so for f16/bf16 A that several taps read: on the
+// Zen 4 (2 threads, three interleaved runs) ResNet-50's 3x3 64-channel layer
+// ran 1.02-1.15x as fast so, the stride-2 3x3 one 1.0-1.05x and the 3-D
+// layer 1.04-1.09x (one run); 1x1 layers, where the region converts as many
+// elements as packing does, 0.94-1.02x, so they keep packing, as float32
+// does (not measured).
 // target[e] = source[e] as float32 for e in [begin, end), zero elsewhere in [0, count).
 template <typename T>
 inline void convert_span(const T* source, int64_t begin, int64_t end, int64_t count, float* target) {
@@ -402,8 +409,8 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   // tap there, as whole rows (q) and a column, for rows [0, rows + most
   // rows) and the columns any m reads. It reads only A between the block's
   // first and last element (one allocation), zero around; where it converts
-  // no more elements than packing would, it is used.
-  bool converts_region = kConvertsRegion && pack_a && args.a_channel_stride == 1 && !bounded;
+  // no more elements than packing would (kConvertsRegion), it is used.
+  bool converts_region = pack_a && args.a_channel_stride == 1 && !bounded;
   int64_t most_rows = 0, first_column = args.lda, end_column = 0;
   int64_t least_offset = m_offsets[0], most_offset = m_offsets[0];
   for (int64_t i = 0; converts_region && i < m_end - m_begin; ++i) {
@@ -417,7 +424,11 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const int64_t region_width = end_column - first_column;
   // Row pitches of a multiple of 2 KiB alias in L1 and L2 (kAliasingLda, tap_gemm.cpp).
   const int64_t region_pitch = region_width % 512 == 0 ? region_width + 16 : region_width;
-  converts_region = converts_region && (chunk_rows + most_rows) * region_width <= (m_end - m_begin) * chunk_rows;
+  const int64_t region_elements = (chunk_rows + most_rows) * region_width;
+  const int64_t packed_elements = (m_end - m_begin) * chunk_rows;
+  converts_region = converts_region && (kConvertsRegion ? region_elements <= packed_elements
+                                                        : !std::is_same_v<T, float> &&
+                                                              region_elements < packed_elements);
   pack_a = pack_a && !converts_region;
   LineAlignedBuffer<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
   // Whether a chunk's rows of this many columns outgrow a slab (the AVX-512 build only).
