@@ -421,6 +421,14 @@ int64_t samples_per_batch(int64_t channels_a, int64_t channels_b) {
   return std::max<int64_t>(1, kBatchedProductBytes / (channels_a * channels_b * static_cast<int64_t>(sizeof(double))));
 }
 
+// Whether BLAS takes f16/bf16 data that it reads in place channels-first,
+// converted a sample's block at a time (blas_products): its samples do not
+// flatten into longer products, so they are multiplied one at a time anyway.
+bool converts_samples_apart(const Problem& problem, bool fused_rows) {
+  return !fused_rows && problem.input.scalar_type() != accumulation_dtype(problem.input.scalar_type()) &&
+         problem.input.size(1) > 1 && problem.input.stride(1) != 1;
+}
+
 // Whether run() packs and multiplies each thread's own samples (into a
 // partial sum per thread) rather than packing all samples, then splitting
 // the products between the threads: every thread then reads only copies it
@@ -428,12 +436,13 @@ int64_t samples_per_batch(int64_t channels_a, int64_t channels_b) {
 // written lines made the fused kernel 1.5x slower (audio NCX f32, 3.45 ->
 // 2.42 ms; 3x3 64ch NCX 7.2 -> 6.3) and BLAS 1.08x (stride-2 1x1 NCX, 6.04
 // -> 5.58; Xeon, 2 threads). Only where something is copied (the input's
-// planes, the output gradient, or f16/bf16 converted for BLAS), and with a
-// sample per thread. Converted by ATen's parallel copy between products
-// instead, ResNet's 1x1 64->256 NCX f16 layer ran 7.6-8.2 ms in most
-// processes and 14.5-16 in some (Zen 4, 2 threads): the copy, one sample's
-// output gradient, 0.13-0.18 ms on two threads and 0.10-0.12 on one, took
-// 0.65-0.86 ms for a whole process in one of about eight. With
+// planes, the output gradient, or f16/bf16 converted a sample at a time:
+// converts_samples_apart), and with a sample per thread. Converted by
+// ATen's parallel copy between products instead, ResNet's 1x1 64->256 NCX
+// f16 layer ran 7.6-8.2 ms in most processes and 14.5-16 in some (Zen 4, 2
+// threads): the copy, one sample's output gradient, 0.13-0.18 ms on two
+// threads and 0.10-0.12 on one, took 0.65-0.86 ms for a whole process in
+// one of about eight. With
 // nothing packed (a channels-first 1-D input read in place, its output
 // gradient's channels-last rows read in place too), splitting each
 // sample's products inside the kernel ran 1.03-1.07x as fast as by samples
@@ -644,8 +653,8 @@ at::Tensor run(const Problem& problem) {
   // The input's planes are packed unless they are the input itself or it is
   // read in place.
   const bool packs_planes = !layout.direct && !in_place;
-  const bool converts = !fused_rows && problem.input.scalar_type() != dtype;
-  if (multiplies_by_samples(g, fused_rows, packs_planes || packs_dy || converts)) {
+  if (multiplies_by_samples(g, fused_rows,
+                            packs_planes || packs_dy || converts_samples_apart(problem, fused_rows))) {
     const int64_t threads = at::get_num_threads();
     const at::Tensor partials = at::empty({threads, groups, g.taps(), in_per_group, out_per_group}, sums_options);
     Geometry sample = g;
@@ -840,7 +849,8 @@ double cost(const Problem& problem, const Geometry& g) {
   if (!fused) {
     // Each thread's own samples are multiplied one at a time; other samples
     // whose rows do not flatten together in batches where run() does.
-    const bool by_samples = multiplies_by_samples(g, fused, packs_planes || packs_dy || converts);
+    const bool by_samples =
+        multiplies_by_samples(g, fused, packs_planes || packs_dy || converts_samples_apart(problem, fused));
     const bool samples_flatten = (input_channels_last || packs_input) && !by_samples;
     const double sample_rows = padded_rows * g.out[0];
     const double products_per_tap =
