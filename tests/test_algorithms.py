@@ -148,8 +148,9 @@ def test_gemm_tiles_that_span_taps(dtype, channels, groups, stride):
 
 # The fused kernel converts f16/bf16 channels-last A a region a chunk (each
 # row that some tap of the block reads, the block's columns) instead of
-# packing it per tile (on AVX-512 only where several taps read it): blocks that start or end inside a tap (40 channels: 6-row
-# tiles, blocks of at most 192 rows of A), a block of some of a 1x1 layer's
+# packing it per tile (on AVX-512 only where several taps read it): blocks
+# that start or end inside a tap (40 channels: 6-row tiles, blocks of at
+# most 192 rows of A), a block of some of a 1x1 layer's
 # 400 channels, the 1-D layer's input read in place (taps 32 channels apart in
 # rows of 5 pixels, so a tap's channels start mid-row), groups, 3-D, stride-2
 # phase planes, and NaN-poisoned strided views (the region converts the NaN
@@ -302,8 +303,8 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
 
 
 # Where gemm packs or converts an operand and every thread has a sample, each
-# thread packs and multiplies its own run of samples into a partial sum: runs of unequal
-# length (5 samples on 2 and 3 threads), groups, a strided axis whose phases
+# thread packs and multiplies its own run of samples into a partial sum: runs
+# of unequal length (5 samples on 2 and 3 threads), groups, a strided axis whose phases
 # share a plane (packed from channels-first data), the output gradient packed
 # alone (channels-first, no padding), a stride-2 1x1 layer's phase plane
 # (channels-first: BLAS multiplies it, and it is packed channels-first), a

@@ -341,9 +341,11 @@ class RowRuns {
 // thread, B its input's 64: 1.08-1.3x as fast with A's rows so in eight
 // interleaved runs, and 1.01-1.14x more with B's in four; the benchmark's
 // other gemm layers within their noise, 0.95-1.05x; Zen 4, 2 threads; the
-// AVX2 build not measured, and left as it was). f16/bf16 A laid out channels-first
-// (a_channel_stride != 1) is not packed but converted a chunk at a time, each channel's run of
-// positions at once, and read from that copy (the runs): a channel's element
+// AVX2 build not measured, and left as it was).
+//
+// f16/bf16 A laid out channels-first (a_channel_stride != 1) is not packed
+// but converted a chunk at a time, each channel's run of positions at once,
+// and read from that copy (the runs): a channel's element
 // converts once for all the taps that read it, in vectors, where packing
 // converts it once a tap, element by element. Rows of a_positions
 // positions read zero outside them: chunks that reach past either end are
