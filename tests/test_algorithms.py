@@ -409,23 +409,76 @@ def test_gemm_single_channel_channels_last_1d(size, kernel, pads, dtype):
 # batch), 3 taps down the columns (read in place at row offsets), 1024 -> 1024 channels (a batch of
 # 2 samples, then 1, accumulated), 1000 -> 1100 (a sample a batch, accumulated into products written
 # transposed, as every batch with more output than input channels is), and f16 (converted a sample
-# at a time, never batched).
-@pytest.mark.parametrize("case", [
-    dict(size=(24, 24)), dict(size=(24, 24), groups=2), dict(size=(24, 24), dtype=torch.float64),
-    dict(size=(600,)), dict(size=(24, 24), sample_step=2), dict(size=(26, 24), kernel=(3, 1)),
-    dict(size=(24, 24), c=1024, o=1024), dict(size=(24, 24), c=1000, o=1100), dict(size=(22, 22)),
-    dict(size=(24, 24), dtype=torch.float16),
-], ids=["24x24", "groups", "f64", "1-D", "sample-stride", "3-taps", "two-batches", "transposed-batches", "22x22",
-        "f16"])
-def test_gemm_multiplies_channels_first_samples_in_batches(case):
+# at a time, never batched). An AVX-512 CPU hands its 1x1 f16/f32 problems to the fused kernel
+# instead (test_gemm_fused_kernel_reads_both_operands_channels_first), so there they run in a child
+# under ATen's AVX2 capability too, where BLAS takes them.
+BATCHES_CASES = {
+    "24x24": dict(size=(24, 24)), "groups": dict(size=(24, 24), groups=2),
+    "f64": dict(size=(24, 24), dtype=torch.float64), "1-D": dict(size=(600,)),
+    "sample-stride": dict(size=(24, 24), sample_step=2), "3-taps": dict(size=(26, 24), kernel=(3, 1)),
+    "two-batches": dict(size=(24, 24), c=1024, o=1024), "transposed-batches": dict(size=(24, 24), c=1000, o=1100),
+    "22x22": dict(size=(22, 22)), "f16": dict(size=(24, 24), dtype=torch.float16),
+}
+
+
+def batches_problem(case):
     n, c, o, size = 3, case.get("c", 8), case.get("o", 12), case["size"]
     dtype, groups, step = case.get("dtype", torch.float32), case.get("groups", 1), case.get("sample_step", 1)
     kernel = case.get("kernel", (1,) * len(size))
     attributes = dict(groups=groups, data_format="NCX", filter_format="OIX")
     x = rand(data_shape(n * step, c, size, "NCX"), dtype, seed=59)[::step]
     dy = rand(data_shape(n * step, o, output_size(size, kernel, attributes), "NCX"), dtype, seed=60)[::step]
-    shape = [o, c // groups, *kernel]
+    return x, dy, [o, c // groups, *kernel], attributes
+
+
+@pytest.mark.parametrize("case", BATCHES_CASES.values(), ids=BATCHES_CASES.keys())
+def test_gemm_multiplies_channels_first_samples_in_batches(case):
+    x, dy, shape, attributes = batches_problem(case)
     result, ran = run("gemm", x, dy, shape, attributes)
+    assert ran == "gemm"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), x.dtype)
+
+
+@pytest.mark.skipif(not AVX512, reason="an AVX2 CPU multiplies them through BLAS in the test above")
+def test_gemm_multiplies_channels_first_samples_in_batches_under_avx2(tmp_path):
+    check_under_capability([batches_problem(case) for case in BATCHES_CASES.values()], "AVX2", "gemm", tmp_path)
+
+
+# On AVX-512 CPUs gemm's fused kernel reads a 1x1 stride-1 layer's channels-first operands in place,
+# each channel's rows contiguous: the one with more channels as A (its channels' runs of rows), the
+# other as B, transposed into the kernel's slabs 16 channels by 16 rows at a time. Channel counts
+# that leave partial tiles and partial slabs (B of 8, 20 and 40 channels: part of a 16-channel block,
+# a slab and a bit, two slabs), rows that leave a partial block of 16 and span several chunks of 128
+# (260 rows), groups, 1-D and 3-D maps, views whose samples or channels lie further apart than dense
+# data's, and one sample (the products split between threads) against three (each thread its own
+# samples, into a partial sum).
+@pytest.mark.skipif(not AVX512, reason="the AVX-512 build reads channels-first B")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", [
+    dict(c=8, o=12, size=(9, 10)),
+    dict(c=40, o=20, size=(9, 10)),
+    dict(c=20, o=70, size=(5, 7)),
+    dict(c=64, o=40, size=(20, 13)),
+    dict(c=16, o=24, size=(9, 10), groups=2),
+    dict(c=12, o=18, size=(300,)),
+    dict(c=12, o=18, size=(3, 4, 5)),
+    dict(c=20, o=70, size=(5, 7), view="sample-slice"),
+    dict(c=20, o=12, size=(5, 7), view="channel-slice"),
+    dict(c=40, o=20, size=(9, 10), n=1),
+], ids=["B-8", "B-20", "B-20-of-input", "chunks", "groups", "1-D", "3-D", "sample-slice", "channel-slice",
+        "one-sample"])
+def test_gemm_fused_kernel_reads_both_operands_channels_first(case, threads, dtype):
+    n, c, o, size, groups, view = case.get("n", 3), case["c"], case["o"], case["size"], case.get("groups", 1), \
+        case.get("view")
+    attributes = dict(groups=groups, data_format="NCX", filter_format="OIX")
+    x = rand(data_shape(2 * n, 2 * c, size, "NCX"), dtype, seed=67)
+    x = x[::2, :c] if view == "sample-slice" else x[:n, ::2] if view == "channel-slice" else x[:n, :c].contiguous()
+    dy = rand(data_shape(2 * n, o, size, "NCX"), dtype, seed=68)
+    dy = dy[::2] if view == "sample-slice" else dy[:n].contiguous()
+    shape = [o, c // groups, *(1,) * len(size)]
+    with setting(torch.get_num_threads, torch.set_num_threads, threads):
+        result, ran = run("gemm", x, dy, shape, attributes)
     assert ran == "gemm"
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 

@@ -353,12 +353,22 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   const double zen5_speedup = !zen5 ? 1.0 : fused ? 2.0 : 0.85;
   if (fused && !amx_cpu && g.taps() == 1) {
     const double rows = static_cast<double>(g.batch) * g.out[0] * g.out[1] * g.out[2];
-    return cascade_lake * 92e9 * std::min(1.0, 0.7 + 0.1 * std::log2(b_width / 32.0)) * fused_avx512_width *
-           (rows >= 4096 ? 0.85 : 1.0);
+    const double maps_share = rows >= 4096 ? 0.85 : std::min(1.0, 0.7 + 0.1 * std::log2(b_width / 32.0));
+    return cascade_lake * 92e9 * maps_share * fused_avx512_width;
   }
   return cascade_lake * zen5_speedup *
          (fused ? (amx_cpu ? 130e9 : 85e9) * one_axis * fused_avx512_width * width(b_width)
                 : (amx_cpu ? 150e9 : 88e9) * width(in_per_group) * width(out_per_group));
+}
+
+// Whether BLAS, reading a float32 1x1 stride-1 problem in place, runs its
+// products faster than the fused kernel would: on the Xeon's calibration
+// (fused_kernel_reads_rows).
+bool blas_outruns_fused_in_place(const Problem& problem, const Layout& layout, const Geometry& g) {
+  const bool blas_reads_in_place = layout.direct && !layout.pitched && g.taps() == 1 &&
+                                   problem.input.scalar_type() == at::kFloat &&
+                                   cpu_calibration() == CpuCalibration::Avx512Amx;
+  return blas_reads_in_place && products_macs_per_second(g, false) > products_macs_per_second(g, true);
 }
 
 // Whether run() hands both operands to the fused kernel as channels-last
@@ -374,18 +384,41 @@ double products_macs_per_second(const Geometry& g, bool fused) {
 // throughout, BLAS running
 // 0.90x as fast at 96 channels (58x58), 0.98x at 128 (30x30) and 1.15x at 256
 // (16x16), so those stay on the fused kernel. BLAS multiplies
-// channels-first data in place: an input read in place (1x1, stride 1), and
+// channels-first data in place (unless the fused kernel reads both operands
+// channels-first: fused_kernel_reads_channels_first): an input read in
+// place (1x1, stride 1), and
 // a channels-first output gradient without the planes' pitch where there is
 // one tap (1x1 with stride: transposing it would cost more than sharing its
 // loads between taps saves; with more taps it is packed as rows).
 bool fused_kernel_reads_rows(const Problem& problem, const Layout& layout, const Geometry& g) {
-  const bool blas_reads_in_place = layout.direct && !layout.pitched && g.taps() == 1 &&
-                                   problem.input.scalar_type() == at::kFloat &&
-                                   cpu_calibration() == CpuCalibration::Avx512Amx;
   return problem.input.is_cpu() && problem.input.scalar_type() != at::kDouble && cpu_runs_avx2_kernels() &&
          (!layout.direct || problem.input.stride(1) == 1) &&
          (layout.pitched || problem.grad_output.stride(1) == 1 || g.taps() > 1) &&
-         !(blas_reads_in_place && products_macs_per_second(g, false) > products_macs_per_second(g, true));
+         !blas_outruns_fused_in_place(problem, layout, g);
+}
+
+// Whether run() hands the fused kernel both operands channels-first, in
+// place (channels_first_products): a 1x1 stride-1 weight gradient whose
+// samples' spatial rows are contiguous, on an AVX-512 CPU, where BLAS
+// multiplied them a sample at a time. The kernel reads A's channels as runs
+// of rows and transposes B's into its slabs a chunk at a time. ResNet-50's
+// channels-first 1x1 64->256 layer (N=8, 56x56, 2 threads) ran 1.1-1.2x as
+// fast so in f32 and 1.15-1.3x in f16 (5.3-5.7 ms; channels-last on the
+// fused kernel 5.2), its 1024->256 layer at 14x14 1.0-1.2x and 1.05-1.1x
+// (Zen 4, interleaved, three runs).
+bool fused_kernel_reads_channels_first(const Problem& problem, const Layout& layout, const Geometry& g) {
+  const auto rows_contiguous = [](const int64_t* strides, const int64_t* sizes) {
+    int64_t expected = 1;
+    for (int64_t axis = 2; axis >= 0; --axis) {
+      if (sizes[axis] > 1 && strides[2 + axis] != expected) return false;
+      expected *= sizes[axis];
+    }
+    return true;
+  };
+  return problem.input.is_cpu() && problem.input.scalar_type() != at::kDouble && cpu_is_avx512() &&
+         layout.direct && !layout.pitched && g.taps() == 1 && g.in_channels > 1 && g.out_channels > 1 &&
+         problem.input.stride(1) != 1 && problem.grad_output.stride(1) != 1 && rows_contiguous(g.input_strides, g.in) &&
+         rows_contiguous(g.grad_output_strides, g.out) && !blas_outruns_fused_in_place(problem, layout, g);
 }
 
 // Whether run() copies the output gradient: for the planes' row pitch, or as
@@ -429,6 +462,12 @@ bool converts_samples_apart(const Problem& problem, bool fused_rows) {
          problem.input.size(1) > 1 && problem.input.stride(1) != 1;
 }
 
+// Whether there are threads to give a sample or more each.
+bool threads_split_samples(const Geometry& g) {
+  const int64_t threads = at::get_num_threads();
+  return threads > 1 && g.batch >= threads && !at::in_parallel_region();
+}
+
 // Whether run() packs and multiplies each thread's own samples (into a
 // partial sum per thread) rather than packing all samples, then splitting
 // the products between the threads: every thread then reads only copies it
@@ -451,9 +490,21 @@ bool converts_samples_apart(const Problem& problem, bool fused_rows) {
 // are added in a fixed order: deterministic for a thread count, as the
 // depthwise kernels are.
 bool multiplies_by_samples(const Geometry& g, bool fused_rows, bool copies) {
+  return !(fused_rows && fused_swaps_operands(g)) && copies && threads_split_samples(g);
+}
+
+// Calls sample(part, n, first) for every sample n, in order within each of
+// at::get_num_threads() parts, a run of samples from `first` each, one part
+// per thread (static scheduling).
+template <typename F>
+void for_each_thread_samples(int64_t batch, const F& sample) {
   const int64_t threads = at::get_num_threads();
-  return !(fused_rows && fused_swaps_operands(g)) && copies && threads > 1 &&
-         g.batch >= threads && !at::in_parallel_region();
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t part = begin; part < end; ++part) {
+      const int64_t first = part * batch / threads, last = (part + 1) * batch / threads;
+      for (int64_t n = first; n < last; ++n) sample(part, n, first);
+    }
+  });
 }
 
 // Where each tap reads the planes: its phase plane, its row offset in it and
@@ -612,6 +663,46 @@ void blas_products(const at::Tensor& planes, const at::Tensor& grad_output, int6
   }
 }
 
+// The weight gradient of fused_kernel_reads_channels_first's problems: per
+// sample and group one product of channels-first rows, the operand with
+// fewer channels as B (fused_swaps_operands), whose rows the kernel
+// transposes. Each thread multiplies its own samples into a partial sum
+// where there are enough (threads_split_samples): then only that thread
+// transposes a sample's B, where splitting the products would have both
+// transpose it (ResNet-50's channels-first 1x1 64->256 layer, f32, 1.05-1.15x
+// as fast so; Zen 4, 2 threads, interleaved).
+at::Tensor channels_first_products(const Problem& problem, const Geometry& g, const at::Tensor& x5,
+                                   const at::Tensor& dy5) {
+  const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
+  const bool swaps = fused_swaps_operands(g);
+  const at::Tensor& a = swaps ? dy5 : x5;
+  const at::Tensor& b = swaps ? x5 : dy5;
+  const int64_t channels_a = swaps ? out_per_group : in_per_group, channels_b = swaps ? in_per_group : out_per_group;
+  const int64_t rows = g.out[0] * g.out[1] * g.out[2], size = x5.element_size(), no_offset = 0;
+  const auto* a_data = static_cast<const char*>(a.const_data_ptr());
+  const auto* b_data = static_cast<const char*>(b.const_data_ptr());
+  // sums (groups, channels_a, channels_b) (+)= sample n's products.
+  const auto multiply = [&](int64_t n, const at::Tensor& sums, bool accumulate) {
+    for (int64_t group = 0; group < g.groups; ++group)
+      tap_products(tap_element(x5.scalar_type()), a_data + (n * a.stride(0) + group * channels_a * a.stride(1)) * size,
+                   /*lda=*/1, b_data + (n * b.stride(0) + group * channels_b * b.stride(1)) * size, /*ldb=*/1, rows,
+                   &no_offset, 1, channels_a, channels_b, sums[group].mutable_data_ptr<float>(), accumulate,
+                   a.stride(1), /*a_positions=*/0, b.stride(1));
+  };
+  const bool by_samples = threads_split_samples(g);
+  const at::Tensor sums = at::empty({by_samples ? at::get_num_threads() : 1, g.groups, channels_a, channels_b},
+                                    x5.options().dtype(at::kFloat));
+  if (by_samples)
+    for_each_thread_samples(g.batch, [&](int64_t part, int64_t n, int64_t first) {
+      multiply(n, sums[part], /*accumulate=*/n != first);
+    });
+  else
+    for (int64_t n = 0; n < g.batch; ++n) multiply(n, sums[0], /*accumulate=*/n != 0);
+  // (parts, groups, taps, C/g, O/g)
+  const at::Tensor taps = (swaps ? sums.transpose(2, 3) : sums).unsqueeze(2);
+  return problem.finish_sum(canonical_from_taps(taps, g, problem.spatial_rank()));
+}
+
 // Uninitialised tap sums (groups, taps, C/g, O/g), each (C/g, O/g) matrix
 // column-major where `transposed`: blas_products then has BLAS write the
 // transposed products, (O/g, C/g) row by row.
@@ -627,6 +718,7 @@ at::Tensor run(const Problem& problem) {
   const auto& plans = layout.plans;
   const at::ScalarType dtype = accumulation_dtype(problem.input.scalar_type());
   const at::Tensor x5 = lift(problem.input), dy5 = lift(problem.grad_output);
+  if (fused_kernel_reads_channels_first(problem, layout, g)) return channels_first_products(problem, g, x5, dy5);
   // The fused kernel reads f16/bf16 as they are; for BLAS they are converted,
   // as they are packed or, where BLAS reads the caller's data in place, a
   // product's block of samples at a time.
@@ -655,32 +747,26 @@ at::Tensor run(const Problem& problem) {
   const bool packs_planes = !layout.direct && !in_place;
   if (multiplies_by_samples(g, fused_rows,
                             packs_planes || packs_dy || converts_samples_apart(problem, fused_rows))) {
-    const int64_t threads = at::get_num_threads();
-    const at::Tensor partials = at::empty({threads, groups, g.taps(), in_per_group, out_per_group}, sums_options);
+    const at::Tensor partials =
+        at::empty({at::get_num_threads(), groups, g.taps(), in_per_group, out_per_group}, sums_options);
     Geometry sample = g;
     sample.batch = 1;
-    // Static scheduling: one part, its run of samples, per thread.
-    at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t part = begin; part < end; ++part) {
-        const int64_t first = part * g.batch / threads, last = (part + 1) * g.batch / threads;
-        for (int64_t n = first; n < last; ++n) {
-          const at::Tensor x_n = x5.narrow(0, n, 1), dy_n = dy5.narrow(0, n, 1);
-          const at::Tensor grad_output = grad_output_rows(dy_n, dy_layout, storage, sample, packs_dy);
-          if (in_place) {
-            fused_products(fused_input_in_place(x_n, g), grad_output, 0, rows, g, partials[part],
-                           /*accumulate=*/n != first);
-            continue;
-          }
-          const at::Tensor planes =
-              layout.direct ? input_rows(x_n, layout) : pack_input(x_n, plans, storage, sample, planes_first);
-          if (fused_reads(planes, grad_output))
-            fused_products(fused_input_of_planes(planes, placement), grad_output, 0, rows, g, partials[part],
-                           /*accumulate=*/n != first);
-          else
-            blas_products(planes, grad_output, 0, 1, rows, /*batched=*/false, placement, g, dtype, partials[part],
-                          /*accumulate=*/n != first);
-        }
+    for_each_thread_samples(g.batch, [&](int64_t part, int64_t n, int64_t first) {
+      const at::Tensor x_n = x5.narrow(0, n, 1), dy_n = dy5.narrow(0, n, 1);
+      const at::Tensor grad_output = grad_output_rows(dy_n, dy_layout, storage, sample, packs_dy);
+      if (in_place) {
+        fused_products(fused_input_in_place(x_n, g), grad_output, 0, rows, g, partials[part],
+                       /*accumulate=*/n != first);
+        return;
       }
+      const at::Tensor planes =
+          layout.direct ? input_rows(x_n, layout) : pack_input(x_n, plans, storage, sample, planes_first);
+      if (fused_reads(planes, grad_output))
+        fused_products(fused_input_of_planes(planes, placement), grad_output, 0, rows, g, partials[part],
+                       /*accumulate=*/n != first);
+      else
+        blas_products(planes, grad_output, 0, 1, rows, /*batched=*/false, placement, g, dtype, partials[part],
+                      /*accumulate=*/n != first);
     });
     return problem.finish_sum(canonical_from_taps(partials, g, problem.spatial_rank()));
   }
@@ -781,6 +867,11 @@ bool supports(const Problem&) { return true; }
 double cost(const Problem& problem, const Geometry& g) {
   if (!problem.input.is_cpu()) return 1e30;
   const Layout layout = plan(g);
+  // Nothing copied; the slabs' transposition costs about a twentieth of the
+  // products (ResNet-50's 1x1 64->256 layer, f32, 5.3-5.5 ms channels-first
+  // against 5.2 channels-last, Zen 4).
+  if (fused_kernel_reads_channels_first(problem, layout, g))
+    return 30e-6 + g.macs() / (0.95 * products_macs_per_second(g, /*fused=*/true));
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool fused = fused_kernel_reads_rows(problem, layout, g);
