@@ -286,18 +286,25 @@ def test_gemm_gathers_in_the_portable_build(tmp_path):
 # With one tap and fewer input channels than output ones, the fused kernel
 # takes the output gradient as its first operand and the input's plane as the
 # second, and the product comes out transposed: groups, strides and padding.
+# With a sample or more a thread, each thread multiplies its own run of samples
+# into a partial sum (3 samples on 2 threads: runs of 1 and 2), a product of up
+# to 8192 rows at a time (60x60 maps: 2 samples a product, so one thread's 3
+# make two products); one thread multiplies them all.
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-@pytest.mark.parametrize("groups,attributes", [
-    (1, {}), (2, {}), (1, dict(strides=2, pads_begin=1, pads_end=0)), (2, dict(strides=(1, 3), pads_begin=(0, 2)))])
-def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
-    size, c, o = (7, 9), 6, 20
+@pytest.mark.parametrize("groups,attributes,size", [
+    (1, {}, (7, 9)), (2, {}, (7, 9)), (1, dict(strides=2, pads_begin=1, pads_end=0), (7, 9)),
+    (2, dict(strides=(1, 3), pads_begin=(0, 2)), (7, 9)), (1, {}, (60, 60))])
+def test_gemm_one_tap_with_more_output_channels(groups, attributes, size, dtype, threads):
+    c, o = 6, 20
     pads_end = attributes.get("pads_end", attributes.get("pads_begin", 0))
     attributes = dict(attributes, pads_end=pads_end, groups=groups, data_format="NXC", filter_format="OIX")
     out = output_size(size, (1, 1), attributes)
-    x = rand(data_shape(2, c, size, "NXC"), dtype, seed=25)
-    dy = rand(data_shape(2, o, out, "NXC"), dtype, seed=26)
+    x = rand(data_shape(3, c, size, "NXC"), dtype, seed=25)
+    dy = rand(data_shape(3, o, out, "NXC"), dtype, seed=26)
     shape = [o, c // groups, 1, 1]
-    result, ran = run("gemm", x, dy, shape, attributes)
+    with setting(torch.get_num_threads, torch.set_num_threads, threads):
+        result, ran = run("gemm", x, dy, shape, attributes)
     assert ran == "gemm"
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
 
@@ -312,7 +319,10 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, dtype):
 # in groups (in float64 their taps read planes packed channels-first), an
 # unpadded 1x1 layer's channels-first data, which BLAS reads in place (bf16
 # converted a sample at a time by each thread, f32 not copied: a sample's
-# product split between the threads), float64 (BLAS throughout), and one
+# product split between the threads; on AVX-512 CPUs the fused kernel reads
+# both operands in place instead, each thread its own samples:
+# test_gemm_fused_kernel_reads_both_operands_channels_first), float64 (BLAS
+# throughout), and one
 # thread, which packs every sample at once.
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
