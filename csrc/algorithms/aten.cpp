@@ -809,9 +809,14 @@ double estimated_seconds(const Problem& problem, const Geometry& g, DataLayout l
                         (problem.input.scalar_type() == at::kBFloat16 &&
                          !onednn_takes_bf16(nxc, g.groups, g.kernel, g.dilation));
   // On the Zen 5 (2026-12-02) the f16 layers took 0-1.7 ms longer than
-  // float32 ones (ResNet-50's, 20-55 GB/s so counted).
+  // float32 ones (ResNet-50's, 20-55 GB/s so counted). On the Zen 4 on
+  // 2026-12-04 ResNet-50's 1x1 layers took 1.6-1.7 ms longer (37-46 GB/s so
+  // counted, interleaved): at 40 the stride-2 1x1 channels-last f16 layer
+  // and U-Net's channels-first f16 one go to gemm, which ran them 1.23-1.30x
+  // and 0.97-1.14x as fast (two runs each); no other pick of the benchmark's
+  // moves.
   const double convert_bytes_per_second = calibration == CpuCalibration::Avx512Amx        ? 25e9
-                                          : calibration == CpuCalibration::Avx512Bf16     ? 80e9
+                                          : calibration == CpuCalibration::Avx512Bf16     ? 40e9
                                           : calibration == CpuCalibration::Avx512Bf16Wide ? 35e9
                                           : calibration == CpuCalibration::Avx512         ? 20e9
                                                                                           : 10e9;
