@@ -367,11 +367,11 @@ class RowRuns {
 // AVX2 build not measured, and left as it was). Channels-first B (the
 // AVX-512 build) is transposed into the slabs, 16 channels by 16 rows in
 // registers. Channels-first operands are prefetched a few channels' whole
-// runs of the next chunk a tile: a few rows a tile of every channel, as
-// before, issued a prefetch a channel for a line or two each (ResNet-50's
-// channels-first 1x1 64->256 layer, f32, A its output gradient's 256
-// channels: 1.26x as fast so, f16 1.18x; the 1-D layer, whose input is A,
-// 1.0-1.02x; one interleaved run).
+// runs of the next chunk a tile. Prefetching a few rows of every channel a
+// tile instead took a prefetch per channel for a line or two each:
+// ResNet-50's channels-first 1x1 64->256 layer (f32, A its output
+// gradient's 256 channels) ran 1.26x as fast so, f16 1.18x, the 1-D layer
+// (whose input is A) 1.0-1.02x (one interleaved run).
 //
 // f16/bf16 A laid out channels-first (a_channel_stride != 1) is not packed
 // but converted a chunk at a time, each channel's run of positions at once,
