@@ -458,10 +458,11 @@ def test_gemm_multiplies_channels_first_samples_in_batches_under_avx2(tmp_path):
 # each channel's rows contiguous: the one with more channels as A (its channels' runs of rows), the
 # other as B, transposed into the kernel's slabs 16 channels by 16 rows at a time. Channel counts
 # that leave partial tiles and partial slabs (B of 8, 20 and 40 channels: part of a 16-channel block,
-# a slab and a bit, two slabs), rows that leave a partial block of 16 and span several chunks of 128
-# (260 rows), groups, 1-D and 3-D maps, views whose samples or channels lie further apart than dense
-# data's, and one sample (the products split between threads) against three (each thread its own
-# samples, into a partial sum).
+# a block and a bit, a 32-channel slab and a bit), rows that leave a partial block of 16 and span
+# several chunks of 128 (260 rows), groups, 1-D and 3-D maps, views whose samples or channels lie
+# further apart than dense data's (channels of A, of B as the input, of B as the output gradient),
+# and one sample (the products split between threads) against three (each thread its own samples,
+# into a partial sum).
 @pytest.mark.skipif(not AVX512, reason="the AVX-512 build reads channels-first B")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("threads", [1, 2])
@@ -475,17 +476,20 @@ def test_gemm_multiplies_channels_first_samples_in_batches_under_avx2(tmp_path):
     dict(c=12, o=18, size=(3, 4, 5)),
     dict(c=20, o=70, size=(5, 7), view="sample-slice"),
     dict(c=20, o=12, size=(5, 7), view="channel-slice"),
+    dict(c=12, o=40, size=(5, 7), view="channel-slice"),
+    dict(c=20, o=12, size=(5, 7), view="dy-channel-slice"),
     dict(c=40, o=20, size=(9, 10), n=1),
-], ids=["B-8", "B-20", "B-20-of-input", "chunks", "groups", "1-D", "3-D", "sample-slice", "channel-slice",
-        "one-sample"])
+], ids=["B-8", "B-20", "B-20-of-input", "chunks", "groups", "1-D", "3-D", "sample-slice", "channel-slice-A",
+        "channel-slice-B", "dy-channel-slice-B", "one-sample"])
 def test_gemm_fused_kernel_reads_both_operands_channels_first(case, threads, dtype):
     n, c, o, size, groups, view = case.get("n", 3), case["c"], case["o"], case["size"], case.get("groups", 1), \
         case.get("view")
     attributes = dict(groups=groups, data_format="NCX", filter_format="OIX")
     x = rand(data_shape(2 * n, 2 * c, size, "NCX"), dtype, seed=67)
     x = x[::2, :c] if view == "sample-slice" else x[:n, ::2] if view == "channel-slice" else x[:n, :c].contiguous()
-    dy = rand(data_shape(2 * n, o, size, "NCX"), dtype, seed=68)
-    dy = dy[::2] if view == "sample-slice" else dy[:n].contiguous()
+    dy = rand(data_shape(2 * n, 2 * o, size, "NCX"), dtype, seed=68)
+    dy = (dy[::2, :o] if view == "sample-slice" else dy[:n, ::2] if view == "dy-channel-slice"
+          else dy[:n, :o].contiguous())
     shape = [o, c // groups, *(1,) * len(size)]
     with setting(torch.get_num_threads, torch.set_num_threads, threads):
         result, ran = run("gemm", x, dy, shape, attributes)

@@ -1,6 +1,7 @@
 // The tap-product kernel behind tap_products (tap_gemm.h):
 //
-//   out[t][c][o] (+)= sum_{r < rows} a[offsets[t] + r * lda + c] * b[r * ldb + o]
+//   out[t][c][o] (+)= sum_{r < rows} a[offsets[t] + r * lda + c * a_channel_stride]
+//                                  * b[r * ldb + o * b_channel_stride]
 //
 // Taps and channels of A flatten into one axis m = t * channels_a + c, so out
 // is one (m, o) matrix and every tap shares the loads of B. A and B hold
@@ -173,8 +174,8 @@ constexpr bool kConvertsRegion = kLanes == 8;
 
 // out[i][j] (+)= sum_{r < rows} a[i][r * lda] * slab[r][j] for i < kM,
 // j < width (<= kTileO); `zero` starts from 0 instead of out. B is read from
-// a copy, slab[r][j] = b[r * ldb + o0 + j] for j < width and 0 beyond, kTileO
-// floats a row: contiguous rows, so a chunk of them stays in L1 (rows of b
+// a copy, slab[r][j] = B's element (r, o0 + j) for j < width and 0 beyond,
+// kTileO floats a row: contiguous rows, so a chunk of them stays in L1 (rows of b
 // itself, ldb apart, collide in L1's sets) while the tiles of every m pass
 // over it, and a tile needs no masked loads.
 using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo,
@@ -321,6 +322,7 @@ template <typename T>
 inline void prefetch_rows(const T* data, int64_t ld, int64_t row_begin, int64_t row_end, int64_t begin, int64_t end,
                           bool to_l2 = false) {
   constexpr int64_t kLineElements = 64 / sizeof(T);
+  if (begin >= end) return;  // no columns (a channels-first operand's last chunk has no next one)
   // Every line of [begin, end), whatever its alignment: the last step lands on end - 1.
   for (int64_t r = row_begin; r < row_end; ++r)
     for (int64_t c = begin; c < end + kLineElements - 1; c += kLineElements) {
