@@ -322,8 +322,7 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, size, dtype,
 # product split between the threads; on AVX-512 CPUs the fused kernel reads
 # both operands in place instead, each thread its own samples:
 # test_gemm_fused_kernel_reads_both_operands_channels_first), float64 (BLAS
-# throughout), and one
-# thread, which packs every sample at once.
+# throughout), and one thread, which packs every sample at once.
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("case", [

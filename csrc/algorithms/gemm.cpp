@@ -414,18 +414,11 @@ bool fused_kernel_reads_rows(const Problem& problem, const Layout& layout, const
 // fused kernel 5.2), its 1024->256 layer at 14x14 1.0-1.2x and 1.05-1.1x
 // (Zen 4, interleaved, three runs).
 bool fused_kernel_reads_channels_first(const Problem& problem, const Layout& layout, const Geometry& g) {
-  const auto rows_contiguous = [](const int64_t* strides, const int64_t* sizes) {
-    int64_t expected = 1;
-    for (int64_t axis = 2; axis >= 0; --axis) {
-      if (sizes[axis] > 1 && strides[2 + axis] != expected) return false;
-      expected *= sizes[axis];
-    }
-    return true;
-  };
   return problem.input.is_cpu() && problem.input.scalar_type() != at::kDouble && cpu_is_avx512() &&
          layout.direct && !layout.pitched && g.taps() == 1 && g.in_channels > 1 && g.out_channels > 1 &&
-         problem.input.stride(1) != 1 && problem.grad_output.stride(1) != 1 && rows_contiguous(g.input_strides, g.in) &&
-         rows_contiguous(g.grad_output_strides, g.out) && !blas_outruns_fused_in_place(problem, layout, g);
+         problem.input.stride(1) != 1 && problem.grad_output.stride(1) != 1 &&
+         spatial_flattens(g.in, g.input_strides) && spatial_flattens(g.out, g.grad_output_strides) &&
+         !blas_outruns_fused_in_place(problem, layout, g);
 }
 
 // Whether run() copies the output gradient: for the planes' row pitch, or as
@@ -500,16 +493,27 @@ bool multiplies_by_samples(const Geometry& g, bool fused_rows, bool copies) {
   return !(fused_rows && fused_swaps_operands(g)) && copies && threads_split_samples(g);
 }
 
-// Calls samples(part, first, last) for each of at::get_num_threads() parts,
-// a run [first, last) of the batch's samples each, one part per thread
-// (static scheduling).
+// Partial sums (parts, sizes...) in `options`, where products(first, last,
+// out) writes into `out` the sum over samples [first, last). With
+// `by_thread`, one part per thread (at::get_num_threads() of them), each
+// over its own run of samples (static scheduling); otherwise one part over
+// every sample.
 template <typename F>
-void for_each_thread_run(int64_t batch, const F& samples) {
-  const int64_t threads = at::get_num_threads();
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+at::Tensor partial_sums(int64_t batch, bool by_thread, at::IntArrayRef sizes, const at::TensorOptions& options,
+                        const F& products) {
+  const int64_t parts = by_thread ? at::get_num_threads() : 1;
+  std::vector<int64_t> shape = {parts};
+  shape.insert(shape.end(), sizes.begin(), sizes.end());
+  const at::Tensor sums = at::empty(shape, options);
+  if (!by_thread) {
+    products(0, batch, sums[0]);
+    return sums;
+  }
+  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
     for (int64_t part = begin; part < end; ++part)
-      samples(part, part * batch / threads, (part + 1) * batch / threads);
+      products(part * batch / parts, (part + 1) * batch / parts, sums[part]);
   });
+  return sums;
 }
 
 // Where each tap reads the planes: its phase plane, its row offset in it and
@@ -672,10 +676,10 @@ void blas_products(const at::Tensor& planes, const at::Tensor& grad_output, int6
 // sample and group one product of channels-first rows, the operand with
 // fewer channels as B (fused_swaps_operands), whose rows the kernel
 // transposes. Each thread multiplies its own samples into a partial sum
-// where there are enough (threads_split_samples): then only that thread
-// transposes a sample's B, where splitting the products would have both
-// transpose it (ResNet-50's channels-first 1x1 64->256 layer, f32, 1.05-1.15x
-// as fast so; Zen 4, 2 threads, interleaved).
+// where there are enough (threads_split_samples, partial_sums): then only
+// that thread transposes a sample's B, where splitting the products would
+// have both transpose it (ResNet-50's channels-first 1x1 64->256 layer, f32,
+// 1.05-1.15x as fast so; Zen 4, 2 threads, interleaved).
 at::Tensor channels_first_products(const Problem& problem, const Geometry& g, const at::Tensor& x5,
                                    const at::Tensor& dy5) {
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
@@ -683,26 +687,21 @@ at::Tensor channels_first_products(const Problem& problem, const Geometry& g, co
   const at::Tensor& a = swaps ? dy5 : x5;
   const at::Tensor& b = swaps ? x5 : dy5;
   const int64_t channels_a = swaps ? out_per_group : in_per_group, channels_b = swaps ? in_per_group : out_per_group;
-  const int64_t rows = g.out[0] * g.out[1] * g.out[2], size = x5.element_size(), no_offset = 0;
+  const int64_t rows = g.out_positions(), size = x5.element_size(), no_offset = 0;
   const auto* a_data = static_cast<const char*>(a.const_data_ptr());
   const auto* b_data = static_cast<const char*>(b.const_data_ptr());
-  // sums (groups, channels_a, channels_b) (+)= sample n's products.
-  const auto multiply = [&](int64_t n, const at::Tensor& sums, bool accumulate) {
-    for (int64_t group = 0; group < g.groups; ++group)
-      tap_products(tap_element(x5.scalar_type()), a_data + (n * a.stride(0) + group * channels_a * a.stride(1)) * size,
-                   /*lda=*/1, b_data + (n * b.stride(0) + group * channels_b * b.stride(1)) * size, /*ldb=*/1, rows,
-                   &no_offset, 1, channels_a, channels_b, sums[group].mutable_data_ptr<float>(), accumulate,
-                   a.stride(1), /*a_positions=*/0, b.stride(1));
+  // out (groups, channels_a, channels_b) = samples [first, last)'s products.
+  const auto products = [&](int64_t first, int64_t last, const at::Tensor& out) {
+    for (int64_t n = first; n < last; ++n)
+      for (int64_t group = 0; group < g.groups; ++group)
+        tap_products(tap_element(x5.scalar_type()),
+                     a_data + (n * a.stride(0) + group * channels_a * a.stride(1)) * size, /*lda=*/1,
+                     b_data + (n * b.stride(0) + group * channels_b * b.stride(1)) * size, /*ldb=*/1, rows,
+                     &no_offset, 1, channels_a, channels_b, out[group].mutable_data_ptr<float>(),
+                     /*accumulate=*/n != first, a.stride(1), /*a_positions=*/0, b.stride(1));
   };
-  const bool by_samples = threads_split_samples(g);
-  const at::Tensor sums = at::empty({by_samples ? at::get_num_threads() : 1, g.groups, channels_a, channels_b},
-                                    x5.options().dtype(at::kFloat));
-  if (by_samples)
-    for_each_thread_run(g.batch, [&](int64_t part, int64_t first, int64_t last) {
-      for (int64_t n = first; n < last; ++n) multiply(n, sums[part], /*accumulate=*/n != first);
-    });
-  else
-    for (int64_t n = 0; n < g.batch; ++n) multiply(n, sums[0], /*accumulate=*/n != 0);
+  const at::Tensor sums = partial_sums(g.batch, threads_split_samples(g), {g.groups, channels_a, channels_b},
+                                       x5.options().dtype(at::kFloat), products);
   // (parts, groups, taps, C/g, O/g)
   const at::Tensor taps = (swaps ? sums.transpose(2, 3) : sums).unsqueeze(2);
   return problem.finish_sum(canonical_from_taps(taps, g, problem.spatial_rank()));
@@ -752,29 +751,29 @@ at::Tensor run(const Problem& problem) {
   const bool packs_planes = !layout.direct && !in_place;
   if (multiplies_by_samples(g, fused_rows,
                             packs_planes || packs_dy || converts_samples_apart(problem, fused_rows))) {
-    const at::Tensor partials =
-        at::empty({at::get_num_threads(), groups, g.taps(), in_per_group, out_per_group}, sums_options);
     Geometry sample = g;
     sample.batch = 1;
-    for_each_thread_run(g.batch, [&](int64_t part, int64_t first, int64_t last) {
+    const auto products = [&](int64_t first, int64_t last, const at::Tensor& out) {
       for (int64_t n = first; n < last; ++n) {
         const at::Tensor x_n = x5.narrow(0, n, 1), dy_n = dy5.narrow(0, n, 1);
         const at::Tensor grad_output = grad_output_rows(dy_n, dy_layout, storage, sample, packs_dy);
         if (in_place) {
-          fused_products(fused_input_in_place(x_n, g), grad_output, 0, rows, g, partials[part],
+          fused_products(fused_input_in_place(x_n, g), grad_output, 0, rows, g, out,
                          /*accumulate=*/n != first);
           continue;
         }
         const at::Tensor planes =
             layout.direct ? input_rows(x_n, layout) : pack_input(x_n, plans, storage, sample, planes_first);
         if (fused_reads(planes, grad_output))
-          fused_products(fused_input_of_planes(planes, placement), grad_output, 0, rows, g, partials[part],
+          fused_products(fused_input_of_planes(planes, placement), grad_output, 0, rows, g, out,
                          /*accumulate=*/n != first);
         else
-          blas_products(planes, grad_output, 0, 1, rows, /*batched=*/false, placement, g, dtype, partials[part],
+          blas_products(planes, grad_output, 0, 1, rows, /*batched=*/false, placement, g, dtype, out,
                         /*accumulate=*/n != first);
       }
-    });
+    };
+    const at::Tensor partials = partial_sums(g.batch, /*by_thread=*/true,
+                                             {groups, g.taps(), in_per_group, out_per_group}, sums_options, products);
     return problem.finish_sum(canonical_from_taps(partials, g, problem.spatial_rank()));
   }
 
@@ -843,15 +842,8 @@ at::Tensor run(const Problem& problem) {
     // fast so in f32 and 0.97-1.23x in f16 (five interleaved runs, Zen 4, 2
     // threads; the gains where the split products ran slowly, 5.7-7.4 ms
     // against 5.1-6.0, as they did in some benchmark runs).
-    const bool by_samples = threads_split_samples(g);
-    const at::Tensor swapped =
-        at::empty({by_samples ? at::get_num_threads() : 1, groups, out_per_group, in_per_group}, sums_options);
-    if (by_samples)
-      for_each_thread_run(g.batch, [&](int64_t part, int64_t first, int64_t last) {
-        swapped_products(first, last, swapped[part]);
-      });
-    else
-      swapped_products(0, g.batch, swapped[0]);
+    const at::Tensor swapped = partial_sums(g.batch, threads_split_samples(g),
+                                            {groups, out_per_group, in_per_group}, sums_options, swapped_products);
     // (parts, groups, taps, C/g, O/g)
     return problem.finish_sum(canonical_from_taps(swapped.transpose(2, 3).unsqueeze(2), g, problem.spatial_rank()));
   }

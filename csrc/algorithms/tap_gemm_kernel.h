@@ -175,9 +175,9 @@ constexpr bool kConvertsRegion = kLanes == 8;
 // out[i][j] (+)= sum_{r < rows} a[i][r * lda] * slab[r][j] for i < kM,
 // j < width (<= kTileO); `zero` starts from 0 instead of out. B is read from
 // a copy, slab[r][j] = B's element (r, o0 + j) for j < width and 0 beyond,
-// kTileO floats a row: contiguous rows, so a chunk of them stays in L1 (rows of b
-// itself, ldb apart, collide in L1's sets) while the tiles of every m pass
-// over it, and a tile needs no masked loads.
+// kTileO floats a row: contiguous rows, so a chunk of them stays in L1 (rows
+// of b itself, ldb apart, collide in L1's sets) while the tiles of every m
+// pass over it, and a tile needs no masked loads.
 using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo,
                         int64_t width, bool zero);
 
