@@ -1473,23 +1473,35 @@ struct RowLayout {
       if (w < size) _mm256_storeu_ps(target + pad + w, load_first_floats(source + w, size - w));
       return;
     }
+    // Padded position p lies in phase p % 2 at p / 2.
+    const auto at_position = [&](int64_t position) { return target + position % 2 * phase_pitch + position / 2; };
     // Elements from `at` on: the even lanes to positions at + pad, + 2, ...,
     // the odd ones to the positions after them (either phase first).
     const auto store_phases = [&](int64_t at, const EvenOdd& phases) {
-      const int64_t position = at + pad;
-      _mm256_storeu_ps(target + position % 2 * phase_pitch + position / 2, phases.even);
-      _mm256_storeu_ps(target + (position + 1) % 2 * phase_pitch + (position + 1) / 2, phases.odd);
+      _mm256_storeu_ps(at_position(at + pad), phases.even);
+      _mm256_storeu_ps(at_position(at + pad + 1), phases.odd);
     };
     if (size >= 16) {
+      // Vectors an even count of elements on land in the same phases, half
+      // that count further along: the loop's stores take no divisions, which
+      // had taken most of its instructions (MobileNetV2's stride-2 layer,
+      // channels-first, ran 1.13-1.31x as fast in bf16 and 1.14-1.17x in f16,
+      // f32 0.98-0.99x; Zen 3, 2 threads, interleaved in one process, two runs).
+      float* const even = at_position(pad);
+      float* const odd = at_position(pad + 1);
       int64_t w = 0;
-      for (; w + 16 < size; w += 16) store_phases(w, load_even_odd_floats(source + w));
+      for (; w + 16 < size; w += 16) {
+        const EvenOdd phases = load_even_odd_floats(source + w);
+        _mm256_storeu_ps(even + w / 2, phases.even);
+        _mm256_storeu_ps(odd + w / 2, phases.odd);
+      }
       store_phases(size - 16, load_even_odd_floats(source + size - 16));
       return;
     }
     if (size <= 0) return;
     const int64_t count = std::is_same_v<T, float> ? size : size / 2 * 2;
     store_phases(0, load_even_odd_floats(source, count));
-    if (count < size) target[(size - 1 + pad) % 2 * phase_pitch + (size - 1 + pad) / 2] = float_of(source + size - 1);
+    if (count < size) *at_position(size - 1 + pad) = float_of(source + size - 1);
   }
 #endif
 
