@@ -871,6 +871,17 @@ inline void transpose_block(const T* from, int64_t src_ld, T* to, int64_t dst_ld
     for (int r = 0; r < 16; ++r) _mm512_storeu_ps(to + r * dst_ld, columns[r]);
   }
 #else
+#if defined(CPU_CAPABILITY_AVX2)
+  // Each source row prefetched 8 lines ahead, as on AVX-512: a channel's
+  // plane is one of as many streams as there are channels, more than the
+  // hardware's prefetchers follow. U-Net's channels-first layer ran 1.02-1.11x
+  // as fast so in f32, the 1-D layer 0.97-1.07x, DCGAN's 1.02-1.03x, the
+  // other channels-first layers 0.99-1.02x (Zen 3, 2 threads, interleaved,
+  // four runs). (16-bit blocks prefetched so measured 0.94-1.12x.)
+  constexpr int64_t kPrefetchAhead = 512;
+  for (int c = 0; c < 8; ++c)
+    _mm_prefetch(reinterpret_cast<const char*>(from + c * src_ld) + kPrefetchAhead, _MM_HINT_T0);
+#endif
   at::vec::transpose_mxn<T, 8, 8>(from, src_ld, to, dst_ld);
 #endif
 }
