@@ -550,6 +550,67 @@ def test_depthwise_and_grouped_kernels(channels, groups, kernel, stride, dilatio
     assert_matches_ref(result, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
+# On AVX2 CPUs the channels-last kernel reads channels-last input rows of whole vectors of channels
+# in place at strides of 2 or more along the row (converted as its tiles load them), staging only the
+# pixels that the windows reaching the padding read: odd, even, wide, asymmetric and no padding along
+# the row (the last leaves no border windows on the left, and no right border where the last window
+# ends inside the row), rows whose windows all reach the padding (which stage whole), stride 3,
+# dilation (stride equal to dilation takes the staged rows' shared tile instead), 1-D and 3-D. Each
+# contiguous, with pixels further apart than the channels (a slice of a wider tensor's channels) and
+# with rows read at a stride; 16 and 24 channels (whole vectors in every dtype) and 20 (a partial
+# vector: staged). Elsewhere the same problems stage their rows.
+CHANNELS_LAST_IN_PLACE_CASES = {
+    # name: (n, size, kernel, attributes)
+    "odd-padding": (2, (7, 41), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
+    "even-padding": (2, (7, 45), (3, 3), dict(strides=2, pads_begin=(1, 2), pads_end=(1, 1))),
+    "unpadded": (2, (6, 41), (3, 3), dict(strides=2)),
+    "unpadded-right-border": (1, (5, 40), (3, 3), dict(strides=2, pads_end=(0, 1))),
+    "wide-padding": (2, (6, 40), (3, 3), dict(strides=2, pads_begin=(1, 9), pads_end=(1, 8))),
+    "all-windows-padded": (2, (6, 3), (3, 3), dict(strides=2, pads_begin=1, pads_end=2)),
+    "stride-3-5x5": (2, (9, 50), (5, 5), dict(strides=3, pads_begin=2, pads_end=(1, 2))),
+    "stride-2-dilation-3": (2, (9, 40), (3, 3), dict(strides=2, dilations=(1, 3), pads_begin=(1, 3), pads_end=(1, 2))),
+    "stride-2-dilation-2": (2, (9, 40), (3, 3), dict(strides=2, dilations=2, pads_begin=2, pads_end=2)),
+    "1-D": (3, (101,), (3,), dict(strides=2, pads_begin=1, pads_end=1)),
+    "3-D": (1, (4, 5, 30), (3, 3, 3), dict(strides=(1, 1, 2), pads_begin=1, pads_end=1)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("channels", [16, 24, 20])
+@pytest.mark.parametrize("view", ["contiguous", "channel-slice", "strided-rows"])
+@pytest.mark.parametrize("case", list(CHANNELS_LAST_IN_PLACE_CASES))
+def test_channels_last_depthwise_rows_read_in_place(case, view, channels, dtype):
+    n, size, kernel, attributes = CHANNELS_LAST_IN_PLACE_CASES[case]
+    if view == "strided-rows":
+        x = rand(data_shape(n, channels, [*size[:-1], 2 * size[-1]], "NXC"), dtype, seed=71)[..., ::2, :]
+    else:
+        x = rand(data_shape(n, 2 * channels, size, "NXC"), dtype, seed=71)[..., :channels]
+        x = x.contiguous() if view == "contiguous" else x
+    assert list(x.shape) == data_shape(n, channels, size, "NXC")
+    dy = rand(data_shape(n, channels, output_size(size, kernel, attributes), "NXC"), dtype, seed=72)
+    attributes = dict(attributes, groups=channels, data_format="NXC", filter_format="OIX")
+    result, ran = run("depthwise", x, dy, [channels, 1, *kernel], attributes)
+    assert ran == "depthwise"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [channels, 1, *kernel], **attributes), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("column", [0, 1, 20, 40])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_channels_last_depthwise_rows_read_in_place_keep_non_finite_inputs_to_the_taps_that_read_them(
+        value, column, dtype):
+    """An infinity or NaN in a row's first or last pixel (staged for the border windows) or inside it
+    (read in place) reaches only the taps that read it."""
+    attributes = dict(strides=2, pads_begin=1, pads_end=1)
+    x = rand(data_shape(2, 16, (7, 41), "NXC"), dtype, seed=73)
+    x[1, 3, column, 5] = value
+    dy = rand(data_shape(2, 16, output_size((7, 41), (3, 3), attributes), "NXC"), dtype, seed=74)
+    attributes = dict(attributes, groups=16, data_format="NXC", filter_format="OIX")
+    result, ran = run("depthwise", x, dy, [16, 1, 3, 3], attributes)
+    assert ran == "depthwise"
+    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 3], **attributes))
+
+
 # Runs problems (a file) through an algorithm under an ATen CPU capability.
 CAPABILITY_CHILD = """
 import sys, torch, torch_convgrad

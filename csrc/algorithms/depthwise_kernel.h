@@ -33,6 +33,10 @@ struct Args {
   // and the input rows it stages first while its tiles run (depthwise.cpp
   // decides by the CPU).
   bool prefetch_next_rows = false;
+  // Whether channels_last reads channels-last input rows in place, converted
+  // as its tiles load them, at strides of 2 or more along the row, instead of
+  // staging them (depthwise.cpp decides by the CPU).
+  bool strided_rows_in_place = false;
   // Whether channels_last may sum bf16 data on AVX512_BF16 dot products
   // (depthwise.cpp decides by the CPU).
   bool bf16_pairs = false;
@@ -328,15 +332,15 @@ constexpr int64_t kPrefetchWindows = 8;
 
 // acc[r][c][lane] += sum_{j < windows} x_r[j * x_step + c * tap_step][lane] * dy[j * dy_step][lane]
 // for r < kRows input rows and c < kCols taps along the row; with kBroadcast,
-// x_r[...][0] in every lane. dy holds the accumulation type or the data's.
-template <int kRows, int kCols, bool kBroadcast, typename A, typename D>
-void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, const D* dy, int64_t dy_step,
+// x_r[...][0] in every lane. x and dy hold the accumulation type or the data's.
+template <int kRows, int kCols, bool kBroadcast, typename X, typename D, typename A>
+void channels_last_tile(const X* const* rows, int64_t x_step, int64_t tap_step, const D* dy, int64_t dy_step,
                         int64_t windows, A* const* acc, PrefetchQueue& prefetch) {
   using Vec = at::vec::Vectorized<A>;
   constexpr int64_t kLanes = Vec::size();
   // Few taps sum alternate windows apart, for enough independent FMA chains.
   constexpr int kChains = kRows * kCols <= 4 ? 2 : 1;
-  const A* x[kRows];
+  const X* x[kRows];
   Vec sums[kChains][kRows][kCols];
   for (int r = 0; r < kRows; ++r) {
     x[r] = rows[r];
@@ -349,8 +353,9 @@ void channels_last_tile(const A* const* rows, int64_t x_step, int64_t tap_step, 
     const Vec dy_lanes = load_lanes(dy_window);
     for (int r = 0; r < kRows; ++r) {
       for (int c = 0; c < kCols; ++c) {
-        const A* source = x[r] + c * tap_step;
-        chain_sums[r][c] = at::vec::fmadd(kBroadcast ? Vec(*source) : Vec::loadu(source), dy_lanes, chain_sums[r][c]);
+        const X* source = x[r] + c * tap_step;
+        chain_sums[r][c] = at::vec::fmadd(kBroadcast ? Vec(static_cast<A>(*source)) : load_lanes(source), dy_lanes,
+                                          chain_sums[r][c]);
       }
       x[r] += x_step;
     }
@@ -422,9 +427,10 @@ static_assert(kMaxSharedRows <= kMaxTileRows, "shared tiles fill the same row ar
 
 // acc[r][c][lane] += sum_{j < windows} x_r[(j + c) * step][lane] * dy[j * dy_step][lane]
 // for r < kRows input rows and c < kCols taps along the row; `windows` is a
-// multiple of kSharedWindows. dy holds the accumulation type or the data's.
-template <int kRows, int kCols, typename A, typename D>
-void channels_last_shared_tile(const A* const* rows, int64_t step, const D* dy, int64_t dy_step, int64_t windows,
+// multiple of kSharedWindows. x and dy hold the accumulation type or the
+// data's.
+template <int kRows, int kCols, typename X, typename D, typename A>
+void channels_last_shared_tile(const X* const* rows, int64_t step, const D* dy, int64_t dy_step, int64_t windows,
                                A* const* acc, PrefetchQueue& prefetch) {
   using V = TileVector<A>;
   using Register = typename V::Register;
@@ -440,10 +446,14 @@ void channels_last_shared_tile(const A* const* rows, int64_t step, const D* dy, 
     for (int u = 0; u < kSharedWindows; ++u) dy_lanes[u] = V::load_lanes(dy + (j + u) * dy_step);
 #pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
-      const A* x = rows[r] + j * step;
+      const X* x = rows[r] + j * step;
 #pragma GCC unroll 16
       for (int p = 0; p < kPixels; ++p) {
-        const Register pixel = V::load(x + p * step);
+        Register pixel;
+        if constexpr (std::is_same_v<X, A>)
+          pixel = V::load(x + p * step);
+        else
+          pixel = V::load_lanes(x + p * step);
 #pragma GCC unroll 16
         for (int u = 0; u < kSharedWindows; ++u)
           if (p - u >= 0 && p - u < kCols) sums[r][p - u] = V::fmadd(pixel, dy_lanes[u], sums[r][p - u]);
@@ -838,7 +848,6 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   // Staged grad_output rows, staged_grad_output[block][window][lane], where
   // they are not read in place.
   LineAlignedBuffer<A> staged_grad_output(dy_in_place ? 0 : blocks * dy_block_pitch);
-  const int64_t shared_windows = shared ? (windows - paired_windows) / kSharedWindows * kSharedWindows : 0;
   // Pairs staged straight from the data (stage_pair_row) where it takes
   // them, else from the float staging of the whole row (stage_pairs). The
   // float tiles then read only the input pixels and windows after the paired
@@ -861,14 +870,53 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
                                      : paired_windows == windows
                                          ? windows
                                          : std::max<int64_t>(0, std::min(paired_windows, windows - kLanes));
+  // Where Args::strided_rows_in_place, channels-last input rows of whole
+  // vectors of channels are read in place (converted as the tiles load them)
+  // by the windows that reach no padding, [inner_begin, inner_end), at
+  // strides of 2 or more along the row: only the pixels that the border
+  // windows read are staged.
+  const int64_t reach = (args.kernel[2] - 1) * dilation;
+  const int64_t inner_begin = std::min(windows, (args.pad_begin[2] + stride - 1) / stride);
+  const int64_t inner_end =
+      args.in[2] - 1 + args.pad_begin[2] - reach < 0
+          ? inner_begin
+          : std::clamp<int64_t>((args.in[2] - 1 + args.pad_begin[2] - reach) / stride + 1, inner_begin, windows);
+  const bool x_in_place = args.strided_rows_in_place && stride >= 2 && !shared && x_strides[1] == 1 &&
+                          group_channels == 1 && channels % kLanes == 0 && pairs == 0 && inner_end > inner_begin;
+  // The input pixels staged: [0, left_pixels) and [right_pixels, input_pixels).
+  const int64_t left_pixels =
+      !x_in_place ? input_pixels
+      : inner_begin == 0
+          ? 0
+          : std::clamp<int64_t>((inner_begin - 1) * stride + reach + 1 - args.pad_begin[2], 0, input_pixels);
+  const int64_t right_pixels =
+      !x_in_place || inner_end == windows
+          ? input_pixels
+          : std::clamp<int64_t>(inner_end * stride - args.pad_begin[2], left_pixels, input_pixels);
+  // The windows that the float tiles take, in runs read from the staged rows
+  // or in place; the shared tile takes each run's first windows,
+  // kSharedWindows at a time, channels_last_tile the rest.
+  struct WindowRun {
+    int64_t first, count;
+    bool in_place;
+  };
+  std::vector<WindowRun> window_runs;
+  if (x_in_place) {
+    window_runs = {{0, inner_begin, false}, {inner_begin, inner_end - inner_begin, true}, {inner_end, windows - inner_end, false}};
+  } else {
+    window_runs = {{paired_windows, windows - paired_windows, false}};
+  }
   // Taps along the row in tiles.
   const std::vector<TapRange> cols = tap_tiles(args.kernel[2], kMaxTileCols);
   std::vector<std::vector<TapRange>> row_tiles(cols.size());
   int64_t row_tiles_of = -1;  // the count of input rows that row_tiles splits
   // A tile's prefetch steps, and a block's (over which its prefetches spread).
-  const int64_t other_windows = windows - paired_windows - shared_windows;
-  const int64_t tile_steps =
-      shared_windows / kSharedWindows + (other_windows + kPrefetchWindows - 1) / kPrefetchWindows;
+  const auto shared_windows_of = [&](int64_t count) { return shared ? count / kSharedWindows * kSharedWindows : 0; };
+  int64_t tile_steps = 0;
+  for (const WindowRun& run : window_runs) {
+    const int64_t shared_windows = shared_windows_of(run.count);
+    tile_steps += shared_windows / kSharedWindows + (run.count - shared_windows + kPrefetchWindows - 1) / kPrefetchWindows;
+  }
 #if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
   const int64_t pair_steps = pairs / kSharedPairs;
 #else
@@ -878,12 +926,14 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
 
   struct StagedRow {
     const A* staged;
+    const T* source;  // the row in place (channels from channel_begin)
     const uint16_t* paired;
     int64_t tap;  // the row's first tap in a block's sums: i * taps + (kz * K1 + ky) * K2
   };
   std::vector<RowRead> reads;
   std::vector<StagedRow> staged_rows;
   const A* tile_rows[kMaxTileRows];
+  const T* source_rows[kMaxTileRows];
   A* tile_acc[kMaxTileRows];
   PrefetchQueue prefetch;
 
@@ -933,10 +983,13 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
           A* staged = staged_input.data() + slot * slot_pitch;
           uint16_t* paired_row = paired_input.data() + slot * paired_slot_pitch;
           if (staged_row_of_slot[slot] != row_index(read)) {
-            if (float_pixels_from < input_pixels)
-              stage_channels(input_row(n, read) + float_pixels_from * x_strides[4], x_strides[1], x_strides[4],
-                             channels, input_pixels - float_pixels_from, args.pad_begin[2] + float_pixels_from,
-                             block_pitch, staged, copies, input_block_pitch);
+            const auto stage_pixels = [&](int64_t first, int64_t end) {
+              if (first < end)
+                stage_channels(input_row(n, read) + first * x_strides[4], x_strides[1], x_strides[4], channels,
+                               end - first, args.pad_begin[2] + first, block_pitch, staged, copies, input_block_pitch);
+            };
+            stage_pixels(float_pixels_from, left_pixels);
+            stage_pixels(std::max(float_pixels_from, right_pixels), input_pixels);
 #if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
             if constexpr (std::is_same_v<T, c10::BFloat16>)
               for (int64_t block = 0; block < blocks && pairs > 0; ++block) {
@@ -953,7 +1006,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
             staged_row_of_slot[slot] = row_index(read);
           }
           for (int64_t i = 0; i < group_channels; ++i)
-            staged_rows.push_back({staged + (broadcast ? i : i * input_block_pitch), paired_row, i * taps + read.tap});
+            staged_rows.push_back(
+                {staged + (broadcast ? i : i * input_block_pitch), input_row(n, read), paired_row, i * taps + read.tap});
         }
         const int64_t input_rows = static_cast<int64_t>(staged_rows.size());
         // A coming output row's grad_output row and the input rows it stages
@@ -1029,32 +1083,53 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
 #endif
             if (paired_windows == windows) continue;
             const auto float_tiles = [&](const auto* dy) {
-              for (const TapRange& row_tile : row_tiles[&tile - cols.data()]) {
-                for (int64_t r = 0; r < row_tile.count; ++r) {
-                  const StagedRow& row = staged_rows[row_tile.first + r];
-                  tile_rows[r] =
-                      row.staged + block * block_pitch + (tile.first * dilation + paired_windows * stride) * kLanes;
-                  tile_acc[r] = block_acc + (row.tap + tile.first) * kLanes;
-                }
-                if (shared_windows > 0) {
-                  with_tile_shape<kMaxSharedRows, kMaxSharedTaps>(
-                      row_tile.count, tile.count, [&]<int kRows, int kCols>() {
-                        channels_last_shared_tile<kRows, kCols>(tile_rows, stride * kLanes, dy, dy_step,
-                                                                shared_windows, tile_acc, prefetch);
-                      });
-                  // The last windows, fewer than kSharedWindows.
-                  for (int64_t r = 0; r < row_tile.count; ++r) tile_rows[r] += shared_windows * stride * kLanes;
-                }
-                if (paired_windows + shared_windows == windows) continue;
-                with_tile_shape<kMaxTileRows, kMaxTileTaps>(row_tile.count, tile.count, [&]<int kRows, int kCols>() {
-                  const auto* tile_dy = dy + shared_windows * dy_step;
-                  if (broadcast)
-                    channels_last_tile<kRows, kCols, true>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                           dy_step, other_windows, tile_acc, prefetch);
+              for (const WindowRun& run : window_runs) {
+                if (run.count == 0) continue;
+                const auto* run_dy = dy + (run.first - paired_windows) * dy_step;
+                const int64_t shared_windows = shared_windows_of(run.count);
+                // rows: tile_rows, or source_rows (16-bit ones neither shared
+                // nor broadcast), their pixels pixel_step elements apart.
+                const auto run_tiles = [&](auto* rows, int64_t row_count, int64_t cols_count, int64_t pixel_step) {
+                  constexpr bool kAccType = std::is_same_v<std::remove_pointer_t<decltype(rows)>, const A*>;
+                  if constexpr (kAccType)
+                    if (shared_windows > 0) {
+                      with_tile_shape<kMaxSharedRows, kMaxSharedTaps>(
+                          row_count, cols_count, [&]<int kRows, int kCols>() {
+                            channels_last_shared_tile<kRows, kCols>(rows, stride * pixel_step, run_dy, dy_step,
+                                                                    shared_windows, tile_acc, prefetch);
+                          });
+                      // The last windows, fewer than kSharedWindows.
+                      for (int64_t r = 0; r < row_count; ++r) rows[r] += shared_windows * stride * pixel_step;
+                    }
+                  if (shared_windows == run.count) return;
+                  with_tile_shape<kMaxTileRows, kMaxTileTaps>(row_count, cols_count, [&]<int kRows, int kCols>() {
+                    const auto* tile_dy = run_dy + shared_windows * dy_step;
+                    const int64_t tile_windows = run.count - shared_windows;
+                    if constexpr (kAccType)
+                      if (broadcast)
+                        return channels_last_tile<kRows, kCols, true>(rows, stride * pixel_step, dilation * pixel_step,
+                                                                      tile_dy, dy_step, tile_windows, tile_acc,
+                                                                      prefetch);
+                    channels_last_tile<kRows, kCols, false>(rows, stride * pixel_step, dilation * pixel_step, tile_dy,
+                                                            dy_step, tile_windows, tile_acc, prefetch);
+                  });
+                };
+                for (const TapRange& row_tile : row_tiles[&tile - cols.data()]) {
+                  for (int64_t r = 0; r < row_tile.count; ++r) {
+                    const StagedRow& row = staged_rows[row_tile.first + r];
+                    tile_acc[r] = block_acc + (row.tap + tile.first) * kLanes;
+                    if (run.in_place)
+                      source_rows[r] = row.source + block * kLanes +
+                                       (run.first * stride - args.pad_begin[2] + tile.first * dilation) * x_strides[4];
+                    else
+                      tile_rows[r] =
+                          row.staged + block * block_pitch + (tile.first * dilation + run.first * stride) * kLanes;
+                  }
+                  if (run.in_place)
+                    run_tiles(source_rows, row_tile.count, tile.count, x_strides[4]);
                   else
-                    channels_last_tile<kRows, kCols, false>(tile_rows, stride * kLanes, dilation * kLanes, tile_dy,
-                                                            dy_step, other_windows, tile_acc, prefetch);
-                });
+                    run_tiles(tile_rows, row_tile.count, tile.count, kLanes);
+                }
               }
             };
             if (dy_in_place)
