@@ -1527,7 +1527,9 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # at stride 1 along the row, 14 windows or more, are read in place in every dtype (16, 17 and 70
 # windows, wide and right padding, a single row of taps, 1-D, 3-D with one row of taps), and at
 # stride 2 as well (odd, even, wide and no padding along the row, 1-D), and a plane of 4 KiB or more
-# prefetches the next planes (large-plane, stride-2-large-plane). On the Zen 4, bf16 rows read in
+# prefetches the next planes (large-plane, stride-2-large-plane). On AVX2 CPUs bf16 rows of unit
+# stride at stride 2 along the row are read in place, 8 windows a step, with masked steps at both
+# ends (the stride-2 cases up to 28 windows, contiguous and channel-slice; strided rows are staged). On the Zen 4, bf16 rows read in
 # place at stride 1 load pairs of elements, 32 windows a step, where the row's windows are an even
 # count that such steps take with no more idle lanes than steps of 16: rows of 50 windows
 # (large-plane, a partial last step), 30 (3-D-one-tap-row) and 96 (1-D-96-windows, a whole step
