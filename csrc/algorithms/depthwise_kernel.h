@@ -1683,11 +1683,10 @@ class NextPlanes {
   int64_t per_step_[2] = {0, 0};
 };
 
-#ifdef CPU_CAPABILITY_AVX512
-// Masked steps of 16 windows a float row tile takes along a row at most:
-// the first ones, whose taps read left of the row, and the last ones.
+// Masked steps of kRowLanes windows a float row tile takes along a row read
+// in place at most: the first ones, whose taps read left of the row, and the
+// last ones.
 constexpr int kMostMaskedSteps = 4;
-#endif
 
 // Where a float row tile reads its input rows: row(uz, uy) is padded row
 // (slice uz, row uy) such that row[w] is padded position w along it. Steps of
@@ -1710,8 +1709,6 @@ struct StagedRows {
   __mmask16 columns_read(int64_t, int64_t) const { return 0xFFFF; }
 #endif
 };
-
-#ifdef CPU_CAPABILITY_AVX512
 
 // A plane's rows of unit stride read where they are (f16/bf16 converted as
 // they load): padding rows read a row of zeros, and padding columns are
@@ -1737,11 +1734,16 @@ struct InPlacePlane {
   // Whether the masked steps before whole step `first` and from `last` on fit
   // kMostMaskedSteps.
   bool masked_steps_fit(int64_t first, int64_t last) const {
-    return first / 16 + (width - last + 15) / 16 <= kMostMaskedSteps;
+    return first / kRowLanes + (width - last + kRowLanes - 1) / kRowLanes <= kMostMaskedSteps;
   }
+  static int64_t floor_half(int64_t value) { return value >= 0 ? value / 2 : -((-value + 1) / 2); }
+#ifdef CPU_CAPABILITY_AVX512
   // The first `count` lanes (none below 0, all above 16).
   static __mmask16 lanes_below(int64_t count) { return first_lanes(std::clamp<int64_t>(count, 0, 16)); }
+#endif
 };
+
+#ifdef CPU_CAPABILITY_AVX512
 
 // InPlaceRows: at stride 1 along the row; `zeros` holds zeros_needed(args).
 template <typename T>
@@ -1776,6 +1778,8 @@ struct InPlaceRows : InPlacePlane<T> {
   }
 };
 
+#endif
+
 // InPlaceStride2: at stride 2 along the row; `zeros` holds zeros_needed(args)
 // from one before it. Lane l of tap kx's vector at window j is element
 // 2 * (j + l) + kx. f32 loads the 32 elements from the lane-0 one and keeps
@@ -1783,7 +1787,10 @@ struct InPlaceRows : InPlacePlane<T> {
 // a neighbour and widen it. Whole steps and those left of them pair an
 // element with the next one, those right of them (16-bit only: their loads
 // are masked by 32-bit pair) with the one before, so that every pair read
-// lies in the row.
+// lies in the row. The AVX2 build reads bf16 rows only (one shift or one
+// mask a load), 8 windows a step, masked by 32-bit lanes: f16 there takes a
+// shuffle, a permutation and a conversion a load, and ran 0.99-1.06 times as
+// fast as staged (Zen 3), so it stays staged, as do f32 rows.
 template <typename T>
 struct InPlaceStride2 : InPlacePlane<T> {
   static constexpr bool kLoadsLanes = true;  // float_row_tile loads through load()
@@ -1792,7 +1799,10 @@ struct InPlaceStride2 : InPlacePlane<T> {
   using InPlacePlane<T>::in_x;
   using InPlacePlane<T>::width;
   using InPlacePlane<T>::taps;
-  static int64_t zeros_needed(const Args& args) { return 2 * round_up(args.out[2], 16) + args.kernel[2] + 32; }
+  using InPlacePlane<T>::floor_half;
+  static int64_t zeros_needed(const Args& args) {
+    return 2 * round_up(args.out[2], kRowLanes) + args.kernel[2] + 2 * kRowLanes;
+  }
   static bool fits(const Args& args) {
     if (args.stride[2] != 2 || args.dilation[2] != 1 || args.input_strides[4] != 1) return false;
     const InPlaceStride2 probe(args, nullptr, nullptr);
@@ -1805,14 +1815,17 @@ struct InPlaceStride2 : InPlacePlane<T> {
            probe.masked_steps_fit(first, last);
   }
   // From the first step whose windows read no column left of the row.
-  int64_t whole_steps_begin() const { return std::min(round_up((pad_x + 1) / 2, 16), round_up(width, 16)); }
+  int64_t whole_steps_begin() const {
+    return std::min(round_up((pad_x + 1) / 2, kRowLanes), round_up(width, kRowLanes));
+  }
   // Up to the first step whose windows (or their pairs) pass the last window or the row's end.
   int64_t whole_steps_end() const {
     const int64_t begin = whole_steps_begin();
-    // Step j is whole when j + 16 <= width and 2 * (j + 15) + taps - pad_x < in_x.
-    const int64_t last = std::min(width - 16, floor_half(in_x + pad_x - taps - 31));
-    return last < begin ? begin : (last / 16 + 1) * 16;
+    // Step j is whole when j + kRowLanes <= width and 2 * (j + kRowLanes - 1) + taps - pad_x < in_x.
+    const int64_t last = std::min(width - kRowLanes, floor_half(in_x + pad_x - taps - 2 * kRowLanes + 1));
+    return last < begin ? begin : (last / kRowLanes + 1) * kRowLanes;
   }
+#ifdef CPU_CAPABILITY_AVX512
   __mmask16 columns_read(int64_t j, int64_t kx) const {
     // Lanes l with 0 <= 2 * (j + l) + kx - pad_x < in_x.
     return this->lanes_below(floor_half(in_x + pad_x - kx + 1) - j) &
@@ -1852,70 +1865,10 @@ struct InPlaceStride2 : InPlacePlane<T> {
       }
     }
   }
-
- private:
-  static int64_t floor_half(int64_t value) { return value >= 0 ? value / 2 : -((-value + 1) / 2); }
-};
-
-#endif
-
-#ifdef CPU_CAPABILITY_AVX2
-// Masked steps of 8 windows an AVX2 float row tile takes along a row read in
-// place at most: the first ones, whose taps read left of the row, and the
-// last ones.
-constexpr int kMostMaskedSteps = 4;
-
-// The AVX2 build's InPlaceStride2, for bf16 rows of unit stride at stride 2
-// along the row; `zeros` holds zeros_needed(args) from one before it. Lane l
-// of tap kx's vector at window j is element 2 * (j + l) + kx of the padded
-// row, loaded as a 32-bit pair with a neighbour and made float by one shift
-// or one mask: paired with the next element in the whole steps and those
-// left of them, with the one before in those right of them, so that every
-// pair read lies in the row. Steps outside the whole ones load under a mask
-// of the lanes that read the row and lie below `width` (columns_read). (f16
-// loaded the same way takes a shuffle, a permutation and a conversion a
-// load, and ran 0.99-1.06 times as fast as staged: it stays staged.)
-template <typename T>
-struct InPlaceStride2 {
-  const T* plane;
-  int64_t stride_z, stride_y, pad_z, pad_y, pad_x, in_z, in_y, in_x;
-  int64_t width, taps;  // windows and taps along the row
-  const T* zeros;       // as many as a row's loads read
-
-  InPlaceStride2(const Args& args, const T* plane_, const T* zeros_)
-      : plane(plane_), stride_z(args.input_strides[2]), stride_y(args.input_strides[3]),
-        pad_z(args.pad_begin[0]), pad_y(args.pad_begin[1]), pad_x(args.pad_begin[2]), in_z(args.in[0]),
-        in_y(args.in[1]), in_x(args.in[2]), width(args.out[2]), taps(args.kernel[2]), zeros(zeros_) {}
-  static int64_t zeros_needed(const Args& args) { return 2 * round_up(args.out[2], 8) + args.kernel[2] + 16; }
-  const T* row(int64_t uz, int64_t uy) const {
-    const int64_t iz = uz - pad_z, iy = uy - pad_y;
-    if (iz < 0 || iz >= in_z || iy < 0 || iy >= in_y) return zeros;
-    return plane + iz * stride_z + iy * stride_y - pad_x;
-  }
-  static bool fits(const Args& args) {
-    if (args.stride[2] != 2 || args.dilation[2] != 1 || args.input_strides[4] != 1) return false;
-    const InPlaceStride2 probe(args, nullptr, nullptr);
-    const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end();
-    // The pairs of the steps left of the whole ones end within the row, and
-    // those right of them start within it.
-    const bool left_pairs_in_row = first == 0 || 2 * (first - 1) + probe.taps - probe.pad_x < probe.in_x;
-    const bool right_pairs_in_row = last >= probe.width || 2 * last - probe.pad_x >= 1;
-    return left_pairs_in_row && right_pairs_in_row &&
-           first / 8 + (probe.width - last + 7) / 8 <= kMostMaskedSteps;
-  }
-  // From the first step whose windows read no column left of the row.
-  int64_t whole_steps_begin() const { return std::min(round_up((pad_x + 1) / 2, 8), round_up(width, 8)); }
-  // Up to the first step whose windows (or their pairs) pass the last window or the row's end.
-  int64_t whole_steps_end() const {
-    const int64_t begin = whole_steps_begin();
-    // Step j is whole when j + 8 <= width and 2 * (j + 7) + taps - pad_x < in_x.
-    const int64_t last = std::min(width - 8, floor_half(in_x + pad_x - taps - 15));
-    return last < begin ? begin : (last / 8 + 1) * 8;
-  }
-  // Lanes l of window j + l below `width` with 0 <= 2 * (j + l) + kx - pad_x < in_x.
+#else
   __m256i columns_read(int64_t j, int64_t kx) const {
-    const int64_t end = std::min(floor_half(in_x + pad_x - kx + 1), width) - j;
-    const int64_t begin = floor_half(pad_x - kx + 1) - j;
+    // Lanes l with 0 <= 2 * (j + l) + kx - pad_x < in_x.
+    const int64_t begin = floor_half(pad_x - kx + 1) - j, end = floor_half(in_x + pad_x - kx + 1) - j;
     return _mm256_andnot_si256(first_lanes(std::clamp<int64_t>(begin, 0, 8)),
                                first_lanes(std::clamp<int64_t>(end, 0, 8)));
   }
@@ -1930,11 +1883,8 @@ struct InPlaceStride2 {
     return _mm256_castsi256_ps(kRightOfWhole ? _mm256_and_si256(words, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))
                                              : _mm256_slli_epi32(words, 16));
   }
-
- private:
-  static int64_t floor_half(int64_t value) { return value >= 0 ? value / 2 : -((-value + 1) / 2); }
-};
 #endif
+};
 
 // Steps of kRowLanes windows a float row tile takes over a plane.
 inline int64_t float_row_tile_steps(const Args& args, int64_t taps, bool share_rows) {
@@ -2179,8 +2129,9 @@ void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, in
     whole_begin = x.whole_steps_begin(), whole_end = x.whole_steps_end();
     int masked = 0;
     const auto add_masks = [&](int64_t j) {
-      for (int kx = 0; kx < kKW; ++kx) step_masks[masked][kx] = x.columns_read(j, kx);
-      step_masks[masked++][kKW] = first_lanes(std::min<int64_t>(8, width - j));
+      const __m256i windows = first_lanes(std::min<int64_t>(8, width - j));
+      for (int kx = 0; kx < kKW; ++kx) step_masks[masked][kx] = _mm256_and_si256(windows, x.columns_read(j, kx));
+      step_masks[masked++][kKW] = windows;
     };
     for (int64_t j = 0; j < whole_begin; j += 8) add_masks(j);
     for (int64_t j = whole_end; j < width; j += 8) add_masks(j);
