@@ -877,10 +877,10 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   // windows read are staged.
   const int64_t reach = (args.kernel[2] - 1) * dilation;
   const int64_t inner_begin = std::min(windows, (args.pad_begin[2] + stride - 1) / stride);
-  const int64_t inner_end =
-      args.in[2] - 1 + args.pad_begin[2] - reach < 0
-          ? inner_begin
-          : std::clamp<int64_t>((args.in[2] - 1 + args.pad_begin[2] - reach) / stride + 1, inner_begin, windows);
+  // The last padded position from which a window's taps all lie in the row.
+  const int64_t last_inner_start = args.in[2] - 1 + args.pad_begin[2] - reach;
+  const int64_t inner_end = last_inner_start < 0 ? inner_begin
+                                                 : std::clamp<int64_t>(last_inner_start / stride + 1, inner_begin, windows);
   const bool x_in_place = args.strided_rows_in_place && stride >= 2 && !shared && x_strides[1] == 1 &&
                           group_channels == 1 && channels % kLanes == 0 && pairs == 0 && inner_end > inner_begin;
   // The input pixels staged: [0, left_pixels) and [right_pixels, input_pixels).
@@ -901,11 +901,12 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
     bool in_place;
   };
   std::vector<WindowRun> window_runs;
-  if (x_in_place) {
-    window_runs = {{0, inner_begin, false}, {inner_begin, inner_end - inner_begin, true}, {inner_end, windows - inner_end, false}};
-  } else {
+  if (x_in_place)
+    window_runs = {{0, inner_begin, false},
+                   {inner_begin, inner_end - inner_begin, true},
+                   {inner_end, windows - inner_end, false}};
+  else
     window_runs = {{paired_windows, windows - paired_windows, false}};
-  }
   // Taps along the row in tiles.
   const std::vector<TapRange> cols = tap_tiles(args.kernel[2], kMaxTileCols);
   std::vector<std::vector<TapRange>> row_tiles(cols.size());
@@ -915,7 +916,8 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   int64_t tile_steps = 0;
   for (const WindowRun& run : window_runs) {
     const int64_t shared_windows = shared_windows_of(run.count);
-    tile_steps += shared_windows / kSharedWindows + (run.count - shared_windows + kPrefetchWindows - 1) / kPrefetchWindows;
+    tile_steps +=
+        shared_windows / kSharedWindows + (run.count - shared_windows + kPrefetchWindows - 1) / kPrefetchWindows;
   }
 #if defined(TORCH_CONVGRAD_DEPTHWISE_BF16_PAIRS)
   const int64_t pair_steps = pairs / kSharedPairs;

@@ -60,7 +60,7 @@ template <typename T>
 inline __m256 load_floats(const T* p) {
   return floats_of(p, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
-// The first `count` (below 8) elements, the other lanes 0 and not read.
+// The first `count` (at most 8) elements, the other lanes 0 and not read.
 // AVX2 masks loads by 32 bits: 16-bit elements load in pairs, an odd last
 // one on its own. (Copied into a buffer and reloaded as a vector, the load
 // waited on the copy's stores: a third of the depthwise row staging's
