@@ -1529,7 +1529,10 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # stride 2 as well (odd, even, wide and no padding along the row, 1-D), and a plane of 4 KiB or more
 # prefetches the next planes (large-plane, stride-2-large-plane). On AVX2 CPUs bf16 rows of unit
 # stride at stride 2 along the row are read in place, 8 windows a step, with masked steps at both
-# ends (the stride-2 cases up to 28 windows, contiguous and channel-slice; strided rows are staged). On the Zen 4, bf16 rows read in
+# ends (the stride-2 cases up to 28 windows, contiguous and channel-slice; strided rows are staged), and
+# f32 rows of 3 taps (9 in all) at stride 1 and over 16 windows are, masked by 32-bit lanes (17
+# windows, 18 and 35 with padding of 1 and 2, wide and right padding, 3-D with one row of taps,
+# large-plane, 1-D-96-windows). On the Zen 4, bf16 rows read in
 # place at stride 1 load pairs of elements, 32 windows a step, where the row's windows are an even
 # count that such steps take with no more idle lanes than steps of 16: rows of 50 windows
 # (large-plane, a partial last step), 30 (3-D-one-tap-row) and 96 (1-D-96-windows, a whole step
@@ -1561,6 +1564,8 @@ FLOAT_ROW_CASES = {
     "3-D-one-tap-row": (2, 3, (4, 6, 30), (3, 1, 3), dict(pads_begin=1, pads_end=1)),
     "3-D": (2, 3, (5, 12, 21), (3, 3, 3), dict(strides=(2, 1, 1), pads_begin=1, pads_end=1)),
     "large-plane": (2, 2, (48, 50), (3, 3), dict(pads_begin=1, pads_end=1)),
+    "18-windows": (2, 3, (7, 18), (3, 3), dict(pads_begin=1, pads_end=1)),
+    "35-windows-padding-2": (2, 3, (6, 33), (1, 3), dict(pads_begin=(0, 2), pads_end=(0, 2))),
     "stride-2-in-place": (2, 3, (9, 41), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
     "stride-2-even-padding": (2, 3, (7, 45), (3, 3), dict(strides=2, pads_begin=(1, 2), pads_end=(1, 1))),
     "stride-2-unpadded-odd": (2, 3, (6, 41), (3, 3), dict(strides=2)),

@@ -1695,8 +1695,9 @@ constexpr int kMostMaskedSteps = 4;
 // 16 windows from whole_steps_begin() to whole_steps_end() read 16 whole
 // windows within the row; the others, below `width` windows, read the lanes
 // columns_read(j, kx) of tap kx at window j (and no window past the last).
-// (The AVX2 build's tiles read staged rows through row(), and bf16 rows at
-// stride 2 in place, InPlaceStride2's, with 8-lane masks.)
+// (The AVX2 build's tiles take steps of 8 windows and 8-lane masks: staged
+// rows, f32 rows at stride 1 in place, InPlaceRows, and bf16 rows at stride
+// 2, InPlaceStride2.)
 //
 // StagedRows: the plane staged as float with its padding (RowLayout).
 struct StagedRows {
@@ -1777,6 +1778,46 @@ struct InPlaceRows : InPlacePlane<T> {
   __mmask16 columns_read(int64_t j, int64_t kx) const {
     // Lanes l with 0 <= j + l + kx - pad_x < in_x.
     return this->lanes_below(in_x + pad_x - kx - j) & static_cast<__mmask16>(~this->lanes_below(pad_x - kx - j));
+  }
+};
+
+#else
+
+// InPlaceRows (AVX2): f32 rows at stride 1, 8 windows a step, tap kx's
+// vector loaded from its lane-0 element (masked steps: the lanes of
+// columns_read only); `zeros` holds zeros_needed(args). (16-bit rows would
+// convert each element once a tap instead of once a plane.)
+template <typename T>
+struct InPlaceRows : InPlacePlane<T> {
+  static constexpr bool kLoadsLanes = true;  // float_row_tile loads through load()
+  using InPlacePlane<T>::InPlacePlane;
+  using InPlacePlane<T>::pad_x;
+  using InPlacePlane<T>::in_x;
+  using InPlacePlane<T>::width;
+  using InPlacePlane<T>::taps;
+  static int64_t zeros_needed(const Args& args) { return round_up(args.out[2], 8) + args.kernel[2] + 8; }
+  static bool fits(const Args& args) {
+    const InPlaceRows probe(args, nullptr, nullptr);
+    const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end();
+    return std::is_same_v<T, float> && args.stride[2] == 1 && args.dilation[2] == 1 && args.input_strides[4] == 1 &&
+           probe.masked_steps_fit(first, last);
+  }
+  int64_t whole_steps_begin() const { return std::min(round_up(pad_x, 8), round_up(width, 8)); }
+  int64_t whole_steps_end() const {
+    const int64_t begin = whole_steps_begin();
+    // Step j is whole when j + 8 <= width and j + 7 + taps - 1 - pad_x < in_x.
+    const int64_t last = std::min(width - 8, in_x + pad_x - taps - 7);
+    return last < begin ? begin : (last / 8 + 1) * 8;
+  }
+  __m256i columns_read(int64_t j, int64_t kx) const {
+    // Lanes l with 0 <= j + l + kx - pad_x < in_x.
+    return _mm256_andnot_si256(first_lanes(std::clamp<int64_t>(pad_x - kx - j, 0, 8)),
+                               first_lanes(std::clamp<int64_t>(in_x + pad_x - kx - j, 0, 8)));
+  }
+  template <bool kMasked, bool>
+  static __m256 load(const T* row, int64_t kx, int64_t j, __m256i mask) {
+    static_assert(std::is_same_v<T, float>, "f32 rows only");
+    return kMasked ? _mm256_maskload_ps(row + j + kx, mask) : _mm256_loadu_ps(row + j + kx);
   }
 };
 
@@ -2105,8 +2146,8 @@ constexpr int64_t kMostTapRows = 4;
 constexpr int64_t most_tap_rows(int64_t) { return kMostTapRows; }
 #else
 // The AVX2 build's tile: the sums as above in 16 registers, 8 windows a
-// step, the input rows staged (StagedRows) or, bf16 at stride 2, read in
-// place (InPlaceStride2). On staged rows the last step, of fewer windows,
+// step, the input rows staged (StagedRows) or read in place (f32 at stride
+// 1, InPlaceRows; bf16 at stride 2, InPlaceStride2). On staged rows the last step, of fewer windows,
 // zeroes the lanes past the row's last window in both tensors' vectors: the
 // input elements there are real ones (another window's, or the next row's)
 // and may be infinite. In place, masks take those lanes and the padding.
@@ -2242,9 +2283,19 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   // EPYC, Zen 3, 2026-12-05, 2 threads, switched in one build, interleaved
   // in one process): MobileNetV2's stride-2 layer 1.51-1.75x, 3x3 at stride 2
   // on 28x28 1.46x, on 57x57 unpadded 1.63x, on 14x14 1.02x.
-  constexpr bool in_place = false;
+  // f32 rows of 3 taps (9 in all) at stride 1 in place (InPlaceRows),
+  // against staged (AMD EPYC, Zen 3, 2026-12-05, 2 threads, switched in one
+  // build, interleaved in one process, two runs): MobileNetV2's 3x3 layer
+  // 1.21-1.28x (unpadded 1.24-1.30x), on 28x28 maps 1.13-1.16x, on 112x112
+  // 1.12-1.19x, on 20x20 and 40x40 1.14x and 1.19x, 1-D rows of 4000 and
+  // 1000 windows 1.46x and 1.21x. On 14x14 maps 0.87-1.11x, on 16x16 0.96x,
+  // on 7x7 0.88x (every step masked) and 5x5 kernels 0.96-0.98x: staged.
+  const bool in_place = std::is_same_v<T, float> && taps <= 9 && kernel[2] == 3 && args.out[2] > 16 &&
+                        InPlaceRows<T>::fits(args);
   const bool in_place_stride2 = std::is_same_v<T, c10::BFloat16> && InPlaceStride2<T>::fits(args);
-  LineAlignedBuffer<T> zero_row(in_place_stride2 ? InPlaceStride2<T>::zeros_needed(args) + 1 : 0);
+  LineAlignedBuffer<T> zero_row(in_place           ? InPlaceRows<T>::zeros_needed(args)
+                                : in_place_stride2 ? InPlaceStride2<T>::zeros_needed(args) + 1
+                                                   : 0);
 #endif
   // Zeroed once: every plane writes the same positions.
   LineAlignedBuffer<float> staged_input(in_place || in_place_stride2 ? 0 : layout.plane_pitch);
@@ -2307,6 +2358,13 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
             return;
           }
 #else
+          if constexpr (std::is_same_v<T, float>)
+            if (in_place) {
+              const InPlaceRows<T> rows(args, x_plane, zero_row.data());
+              float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
+                                             next_planes, sums);
+              return;
+            }
           if constexpr (std::is_same_v<T, c10::BFloat16>)
             if (in_place_stride2) {
               const InPlaceStride2<T> rows(args, x_plane, zero_row.data() + 1);
