@@ -1532,7 +1532,9 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # ends (the stride-2 cases up to 28 windows, contiguous and channel-slice; strided rows are staged), and
 # f32 rows of 3 taps (9 in all) at stride 1 and over 16 windows are, masked by 32-bit lanes (17
 # windows, 18 and 35 with padding of 1 and 2, wide and right padding, 3-D with one row of taps,
-# large-plane, 1-D-96-windows). On the Zen 4, bf16 rows read in
+# large-plane, 1-D-96-windows and 1-D-400-windows), and f16 rows of 28 windows or more in planes of
+# 400 or more, loaded whole and masked after their conversion, the planes whose loads would leave
+# the tensor staged (3-D-one-tap-row, large-plane, 1-D-400-windows). On the Zen 4, bf16 rows read in
 # place at stride 1 load pairs of elements, 32 windows a step, where the row's windows are an even
 # count that such steps take with no more idle lanes than steps of 16: rows of 50 windows
 # (large-plane, a partial last step), 30 (3-D-one-tap-row) and 96 (1-D-96-windows, a whole step
@@ -1572,6 +1574,7 @@ FLOAT_ROW_CASES = {
     "stride-2-wide-padding": (2, 3, (6, 40), (3, 3), dict(strides=2, pads_begin=(1, 9), pads_end=(1, 8))),
     "stride-2-1-D": (3, 7, (100,), (3,), dict(strides=2, pads_begin=1, pads_end=1)),
     "1-D-96-windows": (3, 7, (96,), (3,), dict(pads_begin=1, pads_end=1)),
+    "1-D-400-windows": (2, 3, (401,), (3,), dict(pads_begin=1, pads_end=0)),
     "stride-2-large-plane": (2, 2, (48, 64), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
 }
 

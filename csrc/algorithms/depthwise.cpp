@@ -88,6 +88,9 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   kernel::Args args{};
   args.dtype = kernel_dtype(problem.input.scalar_type());
   args.input = problem.input.const_data_ptr();
+  args.input_span = 1;
+  for (int64_t dim = 0; dim < problem.input.dim(); ++dim)
+    args.input_span += (problem.input.size(dim) - 1) * problem.input.stride(dim);
   args.grad_output = problem.grad_output.const_data_ptr();
   for (int64_t dim = 0; dim < 5; ++dim) {
     args.input_strides[dim] = geometry.input_strides[dim];

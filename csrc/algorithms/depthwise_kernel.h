@@ -23,6 +23,9 @@ struct Args {
   Dtype dtype;
   const void* input;
   const void* grad_output;
+  // Elements from the input's first one past its last one (the kernels may
+  // load any of them).
+  int64_t input_span;
   int64_t input_strides[5];
   int64_t grad_output_strides[5];
   int64_t in[3], out[3], kernel[3], stride[3], dilation[3], pad_begin[3];
@@ -1696,8 +1699,8 @@ constexpr int kMostMaskedSteps = 4;
 // windows within the row; the others, below `width` windows, read the lanes
 // columns_read(j, kx) of tap kx at window j (and no window past the last).
 // (The AVX2 build's tiles take steps of 8 windows and 8-lane masks: staged
-// rows, f32 rows at stride 1 in place, InPlaceRows, and bf16 rows at stride
-// 2, InPlaceStride2.)
+// rows, f32 and f16 rows at stride 1 in place, InPlaceRows, and bf16 rows at
+// stride 2, InPlaceStride2.)
 //
 // StagedRows: the plane staged as float with its padding (RowLayout).
 struct StagedRows {
@@ -1783,10 +1786,12 @@ struct InPlaceRows : InPlacePlane<T> {
 
 #else
 
-// InPlaceRows (AVX2): f32 rows at stride 1, 8 windows a step, tap kx's
-// vector loaded from its lane-0 element (masked steps: the lanes of
-// columns_read only); `zeros` holds zeros_needed(args). (16-bit rows would
-// convert each element once a tap instead of once a plane.)
+// InPlaceRows (AVX2): rows at stride 1, 8 windows a step, tap kx's vector
+// loaded from its lane-0 element, 16-bit converted as it loads; `zeros`
+// holds zeros_needed(args). Masked steps load f32 by the lanes of
+// columns_read only; AVX2 masks loads by 32 bits, so 16-bit steps load 8
+// whole elements and mask the lanes after converting them, and planes whose
+// loads would reach outside the tensor are staged (loads_in_tensor).
 template <typename T>
 struct InPlaceRows : InPlacePlane<T> {
   static constexpr bool kLoadsLanes = true;  // float_row_tile loads through load()
@@ -1799,8 +1804,17 @@ struct InPlaceRows : InPlacePlane<T> {
   static bool fits(const Args& args) {
     const InPlaceRows probe(args, nullptr, nullptr);
     const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end();
-    return std::is_same_v<T, float> && args.stride[2] == 1 && args.dilation[2] == 1 && args.input_strides[4] == 1 &&
+    return args.stride[2] == 1 && args.dilation[2] == 1 && args.input_strides[4] == 1 &&
            probe.masked_steps_fit(first, last);
+  }
+  // Whether the loads of `plane`'s rows stay inside the tensor at `input`
+  // (Args::input_span): from the first step's first element to the last
+  // step's last tap's end.
+  static bool loads_in_tensor(const Args& args, const T* plane, const T* input) {
+    if constexpr (std::is_same_v<T, float>) return true;
+    const int64_t pad = args.pad_begin[2], last_step = (args.out[2] - 1) / 8 * 8;
+    const T* last_row = plane + (args.in[0] - 1) * args.input_strides[2] + (args.in[1] - 1) * args.input_strides[3];
+    return plane - pad >= input && last_row - pad + last_step + args.kernel[2] + 7 <= input + args.input_span;
   }
   int64_t whole_steps_begin() const { return std::min(round_up(pad_x, 8), round_up(width, 8)); }
   int64_t whole_steps_end() const {
@@ -1816,8 +1830,12 @@ struct InPlaceRows : InPlacePlane<T> {
   }
   template <bool kMasked, bool>
   static __m256 load(const T* row, int64_t kx, int64_t j, __m256i mask) {
-    static_assert(std::is_same_v<T, float>, "f32 rows only");
-    return kMasked ? _mm256_maskload_ps(row + j + kx, mask) : _mm256_loadu_ps(row + j + kx);
+    if constexpr (std::is_same_v<T, float>) {
+      return kMasked ? _mm256_maskload_ps(row + j + kx, mask) : _mm256_loadu_ps(row + j + kx);
+    } else {
+      const __m256 lanes = load_floats(row + j + kx);
+      return kMasked ? _mm256_and_ps(lanes, _mm256_castsi256_ps(mask)) : lanes;
+    }
   }
 };
 
@@ -2146,8 +2164,8 @@ constexpr int64_t kMostTapRows = 4;
 constexpr int64_t most_tap_rows(int64_t) { return kMostTapRows; }
 #else
 // The AVX2 build's tile: the sums as above in 16 registers, 8 windows a
-// step, the input rows staged (StagedRows) or read in place (f32 at stride
-// 1, InPlaceRows; bf16 at stride 2, InPlaceStride2). On staged rows the last step, of fewer windows,
+// step, the input rows staged (StagedRows) or read in place (f32 and f16 at
+// stride 1, InPlaceRows; bf16 at stride 2, InPlaceStride2). On staged rows the last step, of fewer windows,
 // zeroes the lanes past the row's last window in both tensors' vectors: the
 // input elements there are real ones (another window's, or the next row's)
 // and may be infinite. In place, masks take those lanes and the padding.
@@ -2283,22 +2301,37 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   // EPYC, Zen 3, 2026-12-05, 2 threads, switched in one build, interleaved
   // in one process): MobileNetV2's stride-2 layer 1.51-1.75x, 3x3 at stride 2
   // on 28x28 1.46x, on 57x57 unpadded 1.63x, on 14x14 1.02x.
-  // f32 rows of 3 taps (9 in all) at stride 1 in place (InPlaceRows),
-  // against staged (AMD EPYC, Zen 3, 2026-12-05, 2 threads, switched in one
-  // build, interleaved in one process, two runs): MobileNetV2's 3x3 layer
-  // 1.21-1.28x (unpadded 1.24-1.30x), on 28x28 maps 1.13-1.16x, on 112x112
-  // 1.12-1.19x, on 20x20 and 40x40 1.14x and 1.19x, 1-D rows of 4000 and
-  // 1000 windows 1.46x and 1.21x. On 14x14 maps 0.87-1.11x, on 16x16 0.96x,
-  // on 7x7 0.88x (every step masked) and 5x5 kernels 0.96-0.98x: staged.
-  const bool in_place = std::is_same_v<T, float> && taps <= 9 && kernel[2] == 3 && args.out[2] > 16 &&
-                        InPlaceRows<T>::fits(args);
+  // f32 and f16 rows of 3 taps (9 in all) at stride 1 in place
+  // (InPlaceRows), against staged (AMD EPYC, Zen 3, 2026-12-05, 2 threads,
+  // switched in one build, interleaved in one process, two runs). f32:
+  // MobileNetV2's 3x3 layer 1.21-1.28x (unpadded 1.24-1.30x), on 28x28 maps
+  // 1.13-1.16x, on 112x112 1.12-1.19x, on 20x20 and 40x40 1.14x and 1.19x,
+  // 1-D rows of 4000 and 1000 windows 1.46x and 1.21x; on 14x14 maps
+  // 0.87-1.11x, 16x16 0.96x, 7x7 0.88x (every step masked) and 5x5 kernels
+  // 0.96-0.98x, which stay staged. f16 (one conversion a tap's load):
+  // MobileNetV2's layer 1.06-1.21x (unpadded 1.20-1.26x), 28x28 1.03-1.16x,
+  // 112x112 1.31-1.36x, 1-D rows of 400 to 4000 windows 1.04-1.38x; 20x20
+  // and 24x24 0.99-1.01x, 1-D rows of 200 0.89-0.91x. bf16 (a widening and a
+  // shift a load) ran MobileNetV2's layer 0.94x and stays staged.
+  const int64_t plane_windows = args.out[0] * args.out[1] * args.out[2];
+  const bool in_place = taps <= 9 && kernel[2] == 3 && InPlaceRows<T>::fits(args) &&
+                        (std::is_same_v<T, float>       ? args.out[2] > 16
+                         : std::is_same_v<T, c10::Half> ? args.out[2] >= 28 && plane_windows >= 400
+                                                        : false);
   const bool in_place_stride2 = std::is_same_v<T, c10::BFloat16> && InPlaceStride2<T>::fits(args);
   LineAlignedBuffer<T> zero_row(in_place           ? InPlaceRows<T>::zeros_needed(args)
                                 : in_place_stride2 ? InPlaceStride2<T>::zeros_needed(args) + 1
                                                    : 0);
 #endif
-  // Zeroed once: every plane writes the same positions.
-  LineAlignedBuffer<float> staged_input(in_place || in_place_stride2 ? 0 : layout.plane_pitch);
+  // Zeroed once: every plane writes the same positions. The AVX2 build
+  // stages the 16-bit planes read in place whose loads would leave the
+  // tensor (InPlaceRows::loads_in_tensor).
+#ifdef CPU_CAPABILITY_AVX512
+  const bool stages = !in_place && !in_place_stride2;
+#else
+  const bool stages = !in_place_stride2 && !(in_place && std::is_same_v<T, float>);
+#endif
+  LineAlignedBuffer<float> staged_input(stages ? layout.plane_pitch : 0);
   const bool share_rows = args.stride[1] == args.stride[2] && args.dilation[1] == 1;
   // Tiles: (slice of taps, first row of taps, rows of taps), the rows of
   // taps split as evenly as possible.
@@ -2334,7 +2367,12 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   for (int64_t n = sample_begin; n < sample_end; ++n)
     for (int64_t c = channel_begin; c < channel_end; ++c) {
       const T* x_plane = input + n * x_strides[0] + c * x_strides[1];
-      if (!in_place && !in_place_stride2) layout.stage(args, x_plane, staged_input.data());
+#ifdef CPU_CAPABILITY_AVX512
+      const bool plane_in_place = in_place;
+#else
+      const bool plane_in_place = in_place && InPlaceRows<T>::loads_in_tensor(args, x_plane, input);
+#endif
+      if (!plane_in_place && !in_place_stride2) layout.stage(args, x_plane, staged_input.data());
       const T* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
       int64_t next[2];
       if (prefetch && next_plane(args, n, c, channel_begin, channel_end, sample_end, next))
@@ -2358,8 +2396,7 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
             return;
           }
 #else
-          if constexpr (std::is_same_v<T, float>)
-            if (in_place) {
+            if (plane_in_place) {
               const InPlaceRows<T> rows(args, x_plane, zero_row.data());
               float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
                                              next_planes, sums);
