@@ -1749,9 +1749,12 @@ struct InPlacePlane {
 #endif
 };
 
-#ifdef CPU_CAPABILITY_AVX512
-
 // InPlaceRows: at stride 1 along the row; `zeros` holds zeros_needed(args).
+// Tap kx's vector at window j is the row's elements from j + kx. The
+// AVX-512 tiles load them masked by element; the AVX2 build's load through
+// load(): f32 masked by 32-bit lanes, 16-bit 8 whole elements (AVX2 masks
+// loads by 32 bits) with the lanes outside the row masked after their
+// conversion, where loads_in_tensor (else the plane is staged).
 template <typename T>
 struct InPlaceRows : InPlacePlane<T> {
   using InPlacePlane<T>::InPlacePlane;
@@ -1759,7 +1762,9 @@ struct InPlaceRows : InPlacePlane<T> {
   using InPlacePlane<T>::in_x;
   using InPlacePlane<T>::width;
   using InPlacePlane<T>::taps;
-  static int64_t zeros_needed(const Args& args) { return round_up(args.out[2], 16) + args.kernel[2] + 16; }
+  static int64_t zeros_needed(const Args& args) {
+    return round_up(args.out[2], kRowLanes) + args.kernel[2] + kRowLanes;
+  }
   // Whether a tile's masked steps fit kMostMaskedSteps (at stride 1 along
   // the row, unit-stride rows).
   static bool fits(const Args& args) {
@@ -1770,43 +1775,21 @@ struct InPlaceRows : InPlacePlane<T> {
   }
   // From the first step whose windows read no column left of the row (or
   // past the last window: padding wider than the windows).
-  int64_t whole_steps_begin() const { return std::min(round_up(pad_x, 16), round_up(width, 16)); }
+  int64_t whole_steps_begin() const { return std::min(round_up(pad_x, kRowLanes), round_up(width, kRowLanes)); }
   // Up to the first step whose windows pass the last window or the row's end.
   int64_t whole_steps_end() const {
     const int64_t begin = whole_steps_begin();
-    // Step j is whole when j + 16 <= width and j + 15 + taps - 1 - pad_x < in_x.
-    const int64_t last = std::min(width - 16, in_x + pad_x - taps - 15);
-    return last < begin ? begin : (last / 16 + 1) * 16;
+    // Step j is whole when j + kRowLanes <= width and j + kRowLanes - 1 + taps - 1 - pad_x < in_x.
+    const int64_t last = std::min(width - kRowLanes, in_x + pad_x - taps - kRowLanes + 1);
+    return last < begin ? begin : (last / kRowLanes + 1) * kRowLanes;
   }
+#ifdef CPU_CAPABILITY_AVX512
   __mmask16 columns_read(int64_t j, int64_t kx) const {
     // Lanes l with 0 <= j + l + kx - pad_x < in_x.
     return this->lanes_below(in_x + pad_x - kx - j) & static_cast<__mmask16>(~this->lanes_below(pad_x - kx - j));
   }
-};
-
 #else
-
-// InPlaceRows (AVX2): rows at stride 1, 8 windows a step, tap kx's vector
-// loaded from its lane-0 element, 16-bit converted as it loads; `zeros`
-// holds zeros_needed(args). Masked steps load f32 by the lanes of
-// columns_read only; AVX2 masks loads by 32 bits, so 16-bit steps load 8
-// whole elements and mask the lanes after converting them, and planes whose
-// loads would reach outside the tensor are staged (loads_in_tensor).
-template <typename T>
-struct InPlaceRows : InPlacePlane<T> {
   static constexpr bool kLoadsLanes = true;  // float_row_tile loads through load()
-  using InPlacePlane<T>::InPlacePlane;
-  using InPlacePlane<T>::pad_x;
-  using InPlacePlane<T>::in_x;
-  using InPlacePlane<T>::width;
-  using InPlacePlane<T>::taps;
-  static int64_t zeros_needed(const Args& args) { return round_up(args.out[2], 8) + args.kernel[2] + 8; }
-  static bool fits(const Args& args) {
-    const InPlaceRows probe(args, nullptr, nullptr);
-    const int64_t first = probe.whole_steps_begin(), last = probe.whole_steps_end();
-    return args.stride[2] == 1 && args.dilation[2] == 1 && args.input_strides[4] == 1 &&
-           probe.masked_steps_fit(first, last);
-  }
   // Whether the loads of `plane`'s rows stay inside the tensor at `input`
   // (Args::input_span): from the first step's first element to the last
   // step's last tap's end.
@@ -1816,18 +1799,13 @@ struct InPlaceRows : InPlacePlane<T> {
     const T* last_row = plane + (args.in[0] - 1) * args.input_strides[2] + (args.in[1] - 1) * args.input_strides[3];
     return plane - pad >= input && last_row - pad + last_step + args.kernel[2] + 7 <= input + args.input_span;
   }
-  int64_t whole_steps_begin() const { return std::min(round_up(pad_x, 8), round_up(width, 8)); }
-  int64_t whole_steps_end() const {
-    const int64_t begin = whole_steps_begin();
-    // Step j is whole when j + 8 <= width and j + 7 + taps - 1 - pad_x < in_x.
-    const int64_t last = std::min(width - 8, in_x + pad_x - taps - 7);
-    return last < begin ? begin : (last / 8 + 1) * 8;
-  }
   __m256i columns_read(int64_t j, int64_t kx) const {
     // Lanes l with 0 <= j + l + kx - pad_x < in_x.
     return _mm256_andnot_si256(first_lanes(std::clamp<int64_t>(pad_x - kx - j, 0, 8)),
                                first_lanes(std::clamp<int64_t>(in_x + pad_x - kx - j, 0, 8)));
   }
+  // Tap kx's 8 elements for windows j..j + 7 of `row`, as float lanes;
+  // masked, those of `mask` only (the others zero).
   template <bool kMasked, bool>
   static __m256 load(const T* row, int64_t kx, int64_t j, __m256i mask) {
     if constexpr (std::is_same_v<T, float>) {
@@ -1837,9 +1815,8 @@ struct InPlaceRows : InPlacePlane<T> {
       return kMasked ? _mm256_and_ps(lanes, _mm256_castsi256_ps(mask)) : lanes;
     }
   }
-};
-
 #endif
+};
 
 // InPlaceStride2: at stride 2 along the row; `zeros` holds zeros_needed(args)
 // from one before it. Lane l of tap kx's vector at window j is element
@@ -2165,8 +2142,8 @@ constexpr int64_t most_tap_rows(int64_t) { return kMostTapRows; }
 #else
 // The AVX2 build's tile: the sums as above in 16 registers, 8 windows a
 // step, the input rows staged (StagedRows) or read in place (f32 and f16 at
-// stride 1, InPlaceRows; bf16 at stride 2, InPlaceStride2). On staged rows the last step, of fewer windows,
-// zeroes the lanes past the row's last window in both tensors' vectors: the
+// stride 1, InPlaceRows; bf16 at stride 2, InPlaceStride2). On staged rows
+// the last step, of fewer windows, zeroes the lanes past the row's last window in both tensors' vectors: the
 // input elements there are real ones (another window's, or the next row's)
 // and may be infinite. In place, masks take those lanes and the padding.
 template <typename T, int kKH, int kKW, int kStride, typename Rows>
