@@ -611,6 +611,65 @@ def test_channels_last_depthwise_rows_read_in_place_keep_non_finite_inputs_to_th
     assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 3], **attributes))
 
 
+# Runs problems (a file) through an algorithm on copies of their tensors that an inaccessible page
+# borders: each problem twice, the input's copy just after such a page and the output gradient's
+# just before one, then the other way round. A load outside a tensor faults (the child dies).
+GUARDED_CHILD = """
+import ctypes, mmap, sys, torch, torch_convgrad
+problems_file, outputs_file, algorithm = sys.argv[1:]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+buffers = []
+
+def guarded(t, side):
+    page = mmap.PAGESIZE
+    nbytes = t.numel() * t.element_size()
+    pages = -(-nbytes // page)
+    buffer = mmap.mmap(-1, (pages + 2) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    assert libc.mprotect(base, page, 0) == 0 and libc.mprotect(base + (pages + 1) * page, page, 0) == 0
+    offset = page if side == "start" else (pages + 1) * page - nbytes
+    buffers.append(buffer)
+    return torch.frombuffer(buffer, dtype=t.dtype, count=t.numel(), offset=offset).view(t.shape).copy_(t)
+
+outputs = []
+with torch_convgrad.use_algorithm(algorithm):
+    for x, dy, shape, attributes in torch.load(problems_file):
+        for x_side, dy_side in (("start", "end"), ("end", "start")):
+            outputs.append(torch_convgrad.conv_backprop_filters(
+                guarded(x, x_side), guarded(dy, dy_side), shape, **attributes))
+            assert torch_convgrad.last_algorithm() == algorithm, torch_convgrad.last_algorithm()
+torch.save(outputs, outputs_file)
+"""
+
+
+# Depthwise layers whose rows the kernels read in place, some reaching past a row's ends and masking
+# what they load there (channels-first f32 and f16 rows at stride 1, bf16 at stride 2, a 1-D row;
+# channels-last rows at stride 2), each tensor's first and last rows against an inaccessible page.
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="guard pages by mprotect")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_depthwise_rows_read_in_place_stay_inside_their_tensors(dtype, tmp_path):
+    problems = []
+    for data_format, stride, size in [("NCX", 1, (12, 40)), ("NCX", 2, (12, 41)), ("NCX", 1, (401,)),
+                                      ("NXC", 1, (7, 20)), ("NXC", 2, (7, 41))]:
+        kernel = (3,) * len(size)
+        attributes = dict(strides=stride, pads_begin=1, pads_end=1)
+        x = rand(data_shape(2, 16, size, data_format), dtype, seed=75)
+        dy = rand(data_shape(2, 16, output_size(size, kernel, attributes), data_format), dtype, seed=76)
+        problems.append((x, dy, [16, 1, *kernel],
+                         dict(attributes, groups=16, data_format=data_format, filter_format="OIX")))
+    torch.save(problems, tmp_path / "problems.pt")
+    child = subprocess.run([sys.executable, "-c", GUARDED_CHILD, str(tmp_path / "problems.pt"),
+                            str(tmp_path / "outputs.pt"), "depthwise"], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    outputs = torch.load(tmp_path / "outputs.pt")
+    assert len(outputs) == 2 * len(problems)
+    for i, (x, dy, shape, attributes) in enumerate(problems):
+        expected = REF.conv_backprop_filters(x, dy, shape, **attributes)
+        for out in outputs[2 * i:2 * i + 2]:
+            assert_matches_ref(out, expected, dtype)
+
+
 # Runs problems (a file) through an algorithm under an ATen CPU capability.
 CAPABILITY_CHILD = """
 import sys, torch, torch_convgrad
