@@ -1765,6 +1765,23 @@ struct InPlaceRows : InPlacePlane<T> {
   static int64_t zeros_needed(const Args& args) {
     return round_up(args.out[2], kRowLanes) + args.kernel[2] + kRowLanes;
   }
+  // Whether some loads may leave the row's tensor (the AVX2 build's 16-bit
+  // ones), so that planes where they would are staged.
+#ifdef CPU_CAPABILITY_AVX512
+  static constexpr bool kStagesSomePlanes = false;
+#else
+  static constexpr bool kStagesSomePlanes = !std::is_same_v<T, float>;
+#endif
+  // Whether the loads of `plane`'s rows stay inside the tensor at `input`
+  // (Args::input_span): from the first step's first element to the last
+  // step's last tap's end.
+  static bool loads_in_tensor(const Args& args, const T* plane, const T* input) {
+    if constexpr (!kStagesSomePlanes) return true;
+    const int64_t pad = args.pad_begin[2], last_step = (args.out[2] - 1) / kRowLanes * kRowLanes;
+    const T* last_row = plane + (args.in[0] - 1) * args.input_strides[2] + (args.in[1] - 1) * args.input_strides[3];
+    return plane - pad >= input &&
+           last_row - pad + last_step + args.kernel[2] + kRowLanes - 1 <= input + args.input_span;
+  }
   // Whether a tile's masked steps fit kMostMaskedSteps (at stride 1 along
   // the row, unit-stride rows).
   static bool fits(const Args& args) {
@@ -1790,15 +1807,6 @@ struct InPlaceRows : InPlacePlane<T> {
   }
 #else
   static constexpr bool kLoadsLanes = true;  // float_row_tile loads through load()
-  // Whether the loads of `plane`'s rows stay inside the tensor at `input`
-  // (Args::input_span): from the first step's first element to the last
-  // step's last tap's end.
-  static bool loads_in_tensor(const Args& args, const T* plane, const T* input) {
-    if constexpr (std::is_same_v<T, float>) return true;
-    const int64_t pad = args.pad_begin[2], last_step = (args.out[2] - 1) / 8 * 8;
-    const T* last_row = plane + (args.in[0] - 1) * args.input_strides[2] + (args.in[1] - 1) * args.input_strides[3];
-    return plane - pad >= input && last_row - pad + last_step + args.kernel[2] + 7 <= input + args.input_span;
-  }
   __m256i columns_read(int64_t j, int64_t kx) const {
     // Lanes l with 0 <= j + l + kx - pad_x < in_x.
     return _mm256_andnot_si256(first_lanes(std::clamp<int64_t>(pad_x - kx - j, 0, 8)),
@@ -1832,6 +1840,11 @@ struct InPlaceRows : InPlacePlane<T> {
 template <typename T>
 struct InPlaceStride2 : InPlacePlane<T> {
   static constexpr bool kLoadsLanes = true;  // float_row_tile loads through load()
+#ifdef CPU_CAPABILITY_AVX512
+  static constexpr bool kLoadsType = true;
+#else
+  static constexpr bool kLoadsType = std::is_same_v<T, c10::BFloat16>;  // load() takes bf16 only
+#endif
   using InPlacePlane<T>::InPlacePlane;
   using InPlacePlane<T>::pad_x;
   using InPlacePlane<T>::in_x;
@@ -1914,12 +1927,12 @@ struct InPlaceStride2 : InPlacePlane<T> {
   // masked, those of `mask` only (the others zero).
   template <bool kMasked, bool kRightOfWhole>
   static __m256 load(const T* row, int64_t kx, int64_t j, __m256i mask) {
-    static_assert(std::is_same_v<T, c10::BFloat16>, "bf16 rows only");
+    static_assert(kLoadsType);
     const T* pair = row + 2 * j + kx - (kRightOfWhole ? 1 : 0);
     const __m256i words = kMasked ? _mm256_maskload_epi32(reinterpret_cast<const int*>(pair), mask)
                                   : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair));
-    return _mm256_castsi256_ps(kRightOfWhole ? _mm256_and_si256(words, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u)))
-                                             : _mm256_slli_epi32(words, 16));
+    const __m256i high_halves = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    return _mm256_castsi256_ps(kRightOfWhole ? _mm256_and_si256(words, high_halves) : _mm256_slli_epi32(words, 16));
   }
 #endif
 };
@@ -2143,9 +2156,9 @@ constexpr int64_t most_tap_rows(int64_t) { return kMostTapRows; }
 // The AVX2 build's tile: the sums as above in 16 registers, 8 windows a
 // step, the input rows staged (StagedRows) or read in place (f32 and f16 at
 // stride 1, InPlaceRows; bf16 at stride 2, InPlaceStride2). On staged rows
-// the last step, of fewer windows, zeroes the lanes past the row's last window in both tensors' vectors: the
-// input elements there are real ones (another window's, or the next row's)
-// and may be infinite. In place, masks take those lanes and the padding.
+// the last step, of fewer windows, zeroes the lanes past the row's last
+// window in both tensors' vectors: the input elements there are real ones
+// (another window's, or the next row's) and may be infinite. In place, masks take those lanes and the padding.
 template <typename T, int kKH, int kKW, int kStride, typename Rows>
 void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, int64_t kz, int64_t ky_first,
                     bool share_rows, const T* dy, const int64_t* dy_pitch, NextPlanes& next_planes, float* sums_out) {
@@ -2300,14 +2313,10 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
                                 : in_place_stride2 ? InPlaceStride2<T>::zeros_needed(args) + 1
                                                    : 0);
 #endif
-  // Zeroed once: every plane writes the same positions. The AVX2 build
-  // stages the 16-bit planes read in place whose loads would leave the
-  // tensor (InPlaceRows::loads_in_tensor).
-#ifdef CPU_CAPABILITY_AVX512
-  const bool stages = !in_place && !in_place_stride2;
-#else
-  const bool stages = !in_place_stride2 && !(in_place && std::is_same_v<T, float>);
-#endif
+  // Zeroed once: every plane writes the same positions. Planes read in
+  // place whose loads would leave the tensor are staged
+  // (InPlaceRows::loads_in_tensor).
+  const bool stages = !in_place_stride2 && (!in_place || InPlaceRows<T>::kStagesSomePlanes);
   LineAlignedBuffer<float> staged_input(stages ? layout.plane_pitch : 0);
   const bool share_rows = args.stride[1] == args.stride[2] && args.dilation[1] == 1;
   // Tiles: (slice of taps, first row of taps, rows of taps), the rows of
@@ -2344,11 +2353,7 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
   for (int64_t n = sample_begin; n < sample_end; ++n)
     for (int64_t c = channel_begin; c < channel_end; ++c) {
       const T* x_plane = input + n * x_strides[0] + c * x_strides[1];
-#ifdef CPU_CAPABILITY_AVX512
-      const bool plane_in_place = in_place;
-#else
       const bool plane_in_place = in_place && InPlaceRows<T>::loads_in_tensor(args, x_plane, input);
-#endif
       if (!plane_in_place && !in_place_stride2) layout.stage(args, x_plane, staged_input.data());
       const T* dy_plane = grad_output + n * dy_strides[0] + c * dy_strides[1];
       int64_t next[2];
@@ -2359,34 +2364,19 @@ void channels_first_rows(const Args& args, int64_t sample_begin, int64_t sample_
         const auto [kz, ky_first, tap_rows] = tile;
         float sums[kMostTapRows * 7];
         const auto run = [&]<int kKH, int kKW>() {
-#ifdef CPU_CAPABILITY_AVX512
-          if (in_place) {
+          if (plane_in_place) {
             const InPlaceRows<T> rows(args, x_plane, zero_row.data());
             float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
                                            next_planes, sums);
             return;
           }
-          if (in_place_stride2) {
-            const InPlaceStride2<T> rows(args, x_plane, zero_row.data() + 1);
-            float_row_tile<T, kKH, kKW, 2>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
-                                           next_planes, sums);
-            return;
-          }
-#else
-            if (plane_in_place) {
-              const InPlaceRows<T> rows(args, x_plane, zero_row.data());
-              float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
-                                             next_planes, sums);
-              return;
-            }
-          if constexpr (std::is_same_v<T, c10::BFloat16>)
+          if constexpr (InPlaceStride2<T>::kLoadsType)
             if (in_place_stride2) {
               const InPlaceStride2<T> rows(args, x_plane, zero_row.data() + 1);
               float_row_tile<T, kKH, kKW, 2>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
                                              next_planes, sums);
               return;
             }
-#endif
           const StagedRows rows{staged_input.data(), layout, args.out[2]};
           if (layout.stride == 1)
             float_row_tile<T, kKH, kKW, 1>(rows, layout, args, kz, ky_first, share_rows, dy_plane, dy_strides + 2,
