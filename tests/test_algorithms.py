@@ -611,6 +611,73 @@ def test_channels_last_depthwise_rows_read_in_place_keep_non_finite_inputs_to_th
     assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 3, 3], **attributes))
 
 
+# On the AVX2 calibration, depthwise 2-D layers with stride 1 and dilation 1 along the row that the
+# channels-last kernel takes run on whole planes where their rows are short (up to 14 windows) or,
+# channels-first data with 5 taps or more along the row, up to 56 windows: a block of channels'
+# input plane staged with padded rows, its grad_output plane with the same row pitch (zeros after
+# each row's windows), and one tile call over all its rows (channels_last_planes). Cases: 3x3 to
+# 9x9 kernels (9 taps along the row: two tiles of taps), maps of 5x6 to 14x14 and rows of 20 and 28
+# windows, no, asymmetric and wide padding, dilation across rows, kernels of one row or one column;
+# 16 and 20 channels (a partial vector); channels-last and channels-first data (transposed as it is
+# staged), as views too. Elsewhere they run row by row.
+WHOLE_PLANE_CASES = {
+    # name: (n, size, kernel, attributes)
+    "7x7-map-3x3": (2, (7, 7), (3, 3), dict(pads_begin=1, pads_end=1)),
+    "14x14-map-7x7": (2, (14, 14), (7, 7), dict(pads_begin=3, pads_end=3)),
+    "20-windows-7x7": (1, (9, 20), (7, 7), dict(pads_begin=3, pads_end=3)),
+    "28-windows-5x5": (1, (6, 28), (5, 5), dict(pads_begin=2, pads_end=2)),
+    "asymmetric-5x5": (2, (10, 11), (5, 5), dict(pads_begin=(2, 1), pads_end=(0, 3))),
+    "unpadded": (2, (9, 12), (3, 3), {}),
+    "wide-padding": (2, (5, 6), (3, 3), dict(pads_begin=(3, 4), pads_end=(2, 5))),
+    "dilated-rows": (2, (12, 10), (3, 3), dict(dilations=(2, 1), pads_begin=(2, 1), pads_end=(2, 1))),
+    "one-row-kernel": (2, (6, 13), (1, 5), dict(pads_begin=(0, 2), pads_end=(0, 2))),
+    "one-column-kernel": (2, (9, 8), (5, 1), dict(pads_begin=(2, 0), pads_end=(2, 0))),
+    "9x9": (1, (11, 11), (9, 9), dict(pads_begin=4, pads_end=4)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+@pytest.mark.parametrize("channels", [16, 20])
+@pytest.mark.parametrize("data_format,view", [("NXC", "contiguous"), ("NXC", "channel-slice"),
+                                              ("NCX", "contiguous"), ("NCX", "strided-rows")])
+@pytest.mark.parametrize("case", list(WHOLE_PLANE_CASES))
+def test_depthwise_whole_planes(case, data_format, view, channels, dtype):
+    n, size, kernel, attributes = WHOLE_PLANE_CASES[case]
+    if view == "strided-rows":
+        x = rand(data_shape(n, channels, [*size[:-1], 2 * size[-1]], data_format), dtype, seed=77)[..., ::2]
+    elif view == "channel-slice":
+        x = rand(data_shape(n, 2 * channels, size, data_format), dtype, seed=77)[..., :channels]
+    else:
+        x = rand(data_shape(n, channels, size, data_format), dtype, seed=77)
+    assert list(x.shape) == data_shape(n, channels, size, data_format)
+    dy = rand(data_shape(n, channels, output_size(size, kernel, attributes), data_format), dtype, seed=78)
+    attributes = dict(attributes, groups=channels, data_format=data_format, filter_format="OIX")
+    result, ran = run("depthwise", x, dy, [channels, 1, *kernel], attributes)
+    assert ran == "depthwise"
+    assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [channels, 1, *kernel], **attributes), dtype)
+
+
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+@pytest.mark.parametrize("column", [0, 6])
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+def test_depthwise_whole_planes_keep_non_finite_inputs_to_the_taps_that_read_them(
+        value, column, data_format):
+    """Whole planes multiply input pixels by the zeros after each row's windows, where a tap does not
+    read them: an infinity or NaN in a row's first or last column (a 7x7 layer on 7x7 maps) meets
+    there taps that never read it, so such calls run row by row, and only the taps that read it
+    are infinite or NaN."""
+    x = rand(data_shape(2, 16, (7, 7), data_format), torch.float32, seed=79)
+    if data_format == "NCX":
+        x[1, 3, 4, column] = value
+    else:
+        x[1, 4, column, 3] = value
+    attributes = dict(pads_begin=3, pads_end=3, groups=16, data_format=data_format, filter_format="OIX")
+    dy = rand(data_shape(2, 16, (7, 7), data_format), torch.float32, seed=80)
+    result, ran = run("depthwise", x, dy, [16, 1, 7, 7], attributes)
+    assert ran == "depthwise"
+    assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [16, 1, 7, 7], **attributes))
+
+
 # Runs problems (a file) through an algorithm on copies of their tensors that an inaccessible page
 # borders: each problem twice, the input's copy just after such a page and the output gradient's
 # just before one, then the other way round. A load outside a tensor faults (the child dies).

@@ -56,6 +56,16 @@ double depthwise_macs_per_second(double windows) {
                                                                            : 65e9;
   return std::min(long_rows, 2.5 * long_rows * windows / (windows + 85));
 }
+// Whole planes (Args::whole_planes, AVX2 only) ran at 28-43 GMAC/s
+// with 7x7 kernels on rows of 7 to 20 windows, 23 with 5x5 on rows of 14 and
+// 11-15 with 3x3 on rows of 7 and 14 (Zen 3, 2026-12-05, 2 threads, N=8):
+// their rate grows with the taps, and the zeros after each row's windows
+// (K2 - 1 of every windows + K2 - 1 products) are lost.
+double planes_macs_per_second(const Geometry& g) {
+  const double windows = static_cast<double>(g.out[2]);
+  const double taps = static_cast<double>(g.taps());
+  return windows / (windows + static_cast<double>(g.kernel[2] - 1)) * (6e9 + 1e9 * taps);
+}
 constexpr double kGroupedMacsPerSecond = 35e9;
 constexpr double kOverheadSeconds = 15e-6;
 
@@ -213,6 +223,21 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // and a 1-D layer of 4000 windows 1.16-1.26; rows of 14 ran 0.82 and of 112
   // 0.90-0.96 times as fast, and stay on 16 elements a tap.
   args.bf16_pair_loads = calibration == CpuCalibration::Avx512Bf16;
+  // Whole planes in the channels-last kernel (channels_last_planes: one tile
+  // call a block's rows of taps over all its output rows) against row by row,
+  // on the Zen 3 (2026-12-05, 2 threads, N=8, switched in one build,
+  // interleaved in one process, one to three runs): channels-last rows of 7 to
+  // 14 windows 1.19-1.59 times as fast with 3x3 kernels (12x12 maps in f32
+  // 0.93-0.97), 1.70-1.89 with 5x5 and 1.60-2.12 with 7x7; rows of 20 0.80-1.06
+  // and of 28 and 56 0.70-0.96 times. Channels-first data, which the kernel
+  // transposes as it stages it (the f32, bf16 and f16 layers whose rows of 3
+  // taps, and 5 in f32, go to the float row tiles aside), with 5 or 7 taps
+  // along the row: 7x7 maps to 56x56 1.02-2.20 times as fast (ConvNeXt's
+  // 56x56 layer 1.02-1.47 in f32, 1.09-1.72 in bf16, 1.13 in f16), 112x112
+  // 0.97-1.11. Not measured on AVX-512.
+  const bool transposes = args.input_strides[1] != 1 || args.grad_output_strides[1] != 1;
+  args.whole_planes = calibration == CpuCalibration::Avx2 && kernel::runs_as_planes(args) &&
+                              (row_windows <= 14 || (transposes && row_taps >= 5 && row_windows <= 56));
   const bool bf16_products = dtype == at::kBFloat16 && cpu_has_avx512_bf16();
   args.bf16_planes = !args.float_rows && bf16_products && cpu_is_avx512() && kernel::AVX512::bf16_planes_built() &&
                      row_taps < 5 && geometry.stride[2] == 1 && args.group_channels == 1 &&
@@ -311,14 +336,6 @@ bool supports(const Problem& problem) {
   return problem.spatial_rank() >= 1 && problem.spatial_rank() <= 3 && depthwise_group_channels(problem) > 0;
 }
 
-double cost(const Problem& problem, const Geometry& g) {
-  const double windows = static_cast<double>(g.out[2]);
-  const double macs_per_second = depthwise_group_channels(problem) == 1 ? depthwise_macs_per_second(windows)
-                                                                         : kGroupedMacsPerSecond * windows / (windows + 8);
-  return kOverheadSeconds +
-         std::max(g.data_bytes(problem.input.element_size()) / bytes_per_second(), g.macs() / macs_per_second);
-}
-
 // Channels in lanes when both tensors have channel stride 1, unless the last
 // spatial axis is unit-stride too (C == 1, or a single pixel per row). Also
 // for depthwise channels-first data with unit-stride rows and a vector of
@@ -333,6 +350,19 @@ bool use_channels_last(const kernel::Args& args, int64_t channels, int64_t lanes
   const bool rows_unit = args.input_strides[4] == 1 && args.grad_output_strides[4] == 1;
   if (channels_unit) return !rows_unit;
   return args.group_channels == 1 && rows_unit && channels >= lanes;
+}
+
+double cost(const Problem& problem, const Geometry& g) {
+  const double windows = static_cast<double>(g.out[2]);
+  double macs_per_second = kGroupedMacsPerSecond * windows / (windows + 8);
+  if (depthwise_group_channels(problem) == 1) {
+    const kernel::Args args = depthwise_args(problem, g);
+    const bool planes = args.whole_planes && !args.float_rows && !args.bf16_planes &&
+                        use_channels_last(args, g.in_channels, lanes_of(problem.input.scalar_type()));
+    macs_per_second = planes ? planes_macs_per_second(g) : depthwise_macs_per_second(windows);
+  }
+  return kOverheadSeconds +
+         std::max(g.data_bytes(problem.input.element_size()) / bytes_per_second(), g.macs() / macs_per_second);
 }
 
 // A kernel build: its entry points and its vector's float32 lanes (half as

@@ -53,6 +53,10 @@ struct Args {
   // or AVX2 build's float row tiles (float_row_taps along the row, stride 1
   // or 2 and dilation 1 along it, grad_output rows of unit stride).
   bool float_rows = false;
+  // Whether channels_last runs the problem on whole planes
+  // (channels_last_planes), which it can where runs_as_planes (depthwise.cpp
+  // decides by the CPU, the layout and the rows' length).
+  bool whole_planes = false;
   // Whether the AVX-512 float row tiles load bf16 rows read in place at
   // stride 1 as pairs of elements (depthwise.cpp decides by the CPU; the
   // tiles by the row, pair_steps_fit).
@@ -93,6 +97,16 @@ TORCH_CONVGRAD_DEPTHWISE_DECLARE_KERNELS
 // The taps along the row that Args::float_rows takes.
 inline bool float_row_taps(int64_t taps_along_row) {
   return taps_along_row == 3 || taps_along_row == 5 || taps_along_row == 7;
+}
+
+// Whether channels_last can take a problem on whole planes
+// (Args::whole_planes): depthwise, 2-D (a single slice of output and
+// of kernel, reading the input's first), stride 1 along rows and columns and
+// dilation 1 along the row.
+inline bool runs_as_planes(const Args& args) {
+  return args.group_channels == 1 && args.out[0] == 1 && args.kernel[0] == 1 && args.pad_begin[0] == 0 &&
+         args.out[1] > 1 && args.stride[1] == 1 && args.stride[2] == 1 && args.dilation[2] == 1 &&
+         args.pad_begin[1] >= 0 && args.pad_begin[2] >= 0;
 }
 
 // amx_bf16's pitch of grad_output pair rows, in pairs, for rows of `chunks`
@@ -137,6 +151,7 @@ bool amx_tiles_granted();
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <tuple>
@@ -783,6 +798,90 @@ inline void input_rows_of(const Args& args, int64_t y0, int64_t y1, std::vector<
       if (iy >= 0 && iy < args.in[1]) reads.push_back({iz, iy, (kz * args.kernel[1] + ky) * args.kernel[2]});
     }
   }
+}
+
+// channels_last on whole planes (Args::whole_planes): a block's input plane
+// is staged whole, each row padded to P = windows + K2 - 1 pixels, and its
+// grad_output plane with the same row pitch, zeros in the K2 - 1 positions
+// after each row's windows. A tap (ky, kx) then reads the staged input at a
+// constant offset from each staged grad_output position, and one tile call
+// sums all the block's rows of windows as a single row of out1 * P - (K2 -
+// 1) positions, where channels_last_impl takes a call per output row (whose
+// fixed work dominates short rows). The zeros cost (K2 - 1) / P more
+// products, and an inf or NaN in an input position that a tap does not read
+// meets a zero there and makes its sum NaN: returns false where a sum came
+// out infinite or NaN (the result is then to be computed row by row).
+template <typename T>
+bool channels_last_planes(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
+                          int64_t channel_end, acc_type<T>* result) {
+  using A = acc_type<T>;
+  constexpr int64_t kLanes = AccVec<T>::size();
+  const int64_t* x_strides = args.input_strides;
+  const int64_t* dy_strides = args.grad_output_strides;
+  const T* input = static_cast<const T*>(args.input) + channel_begin * x_strides[1];
+  const T* grad_output = static_cast<const T*>(args.grad_output) + channel_begin * dy_strides[1];
+  const int64_t channels = channel_end - channel_begin;
+  const int64_t blocks = (channels + kLanes - 1) / kLanes;
+  const int64_t rows_of_taps = args.kernel[1], row_taps = args.kernel[2], taps = rows_of_taps * row_taps;
+  const int64_t windows = args.out[2], out_rows = args.out[1];
+  const int64_t pitch = windows + row_taps - 1;  // pixels a staged row
+  const int64_t staged_rows = out_rows + (rows_of_taps - 1) * args.dilation[1];
+  const int64_t input_pixels = std::clamp<int64_t>(pitch - args.pad_begin[2], 0, args.in[2]);
+  // The positions the tiles sum: every staged grad_output position up to the
+  // last row's last window.
+  const int64_t positions = out_rows * pitch - (row_taps - 1);
+  // Zeroed once: the padding and the positions after each row's windows are
+  // never written.
+  LineAlignedBuffer<A> x_plane(staged_rows * pitch * kLanes);
+  LineAlignedBuffer<A> dy_plane(out_rows * pitch * kLanes);
+  std::vector<A> acc(blocks * taps * kLanes, A(0));
+  const std::vector<TapRange> cols = tap_tiles(row_taps, kMaxTileCols);
+  std::vector<std::vector<TapRange>> row_tiles;
+  for (const TapRange& col : cols)
+    row_tiles.push_back(tap_tiles(rows_of_taps, std::min<int64_t>(kMaxSharedRows, kMaxSharedTaps / col.count)));
+  const int64_t shared_positions = positions / kSharedWindows * kSharedWindows;
+  const A* tile_rows[kMaxTileRows];
+  A* tile_acc[kMaxTileRows];
+  PrefetchQueue no_prefetch;
+  for (int64_t n = sample_begin; n < sample_end; ++n)
+    for (int64_t block = 0; block < blocks; ++block) {
+      const int64_t block_channels = std::min(kLanes, channels - block * kLanes);
+      const T* x = input + n * x_strides[0] + block * kLanes * x_strides[1];
+      const T* dy = grad_output + n * dy_strides[0] + block * kLanes * dy_strides[1];
+      for (int64_t iy = 0; iy < args.in[1] && iy + args.pad_begin[1] < staged_rows; ++iy)
+        stage_channels(x + iy * x_strides[3], x_strides[1], x_strides[4], block_channels, input_pixels,
+                       args.pad_begin[2], pitch * kLanes, x_plane.data() + (iy + args.pad_begin[1]) * pitch * kLanes);
+      for (int64_t y = 0; y < out_rows; ++y)
+        stage_channels(dy + y * dy_strides[3], dy_strides[1], dy_strides[4], block_channels, windows, 0,
+                       pitch * kLanes, dy_plane.data() + y * pitch * kLanes);
+      A* block_acc = acc.data() + block * taps * kLanes;
+      for (size_t col = 0; col < cols.size(); ++col)
+        for (const TapRange& row_tile : row_tiles[col]) {
+          for (int64_t r = 0; r < row_tile.count; ++r) {
+            const int64_t ky = row_tile.first + r;
+            tile_rows[r] = x_plane.data() + (ky * args.dilation[1] * pitch + cols[col].first) * kLanes;
+            tile_acc[r] = block_acc + (ky * row_taps + cols[col].first) * kLanes;
+          }
+          with_tile_shape<kMaxSharedRows, kMaxSharedTaps>(row_tile.count, cols[col].count, [&]<int kRows, int kCols>() {
+            channels_last_shared_tile<kRows, kCols>(tile_rows, kLanes, dy_plane.data(), kLanes, shared_positions,
+                                                    tile_acc, no_prefetch);
+          });
+          if (shared_positions == positions) continue;
+          for (int64_t r = 0; r < row_tile.count; ++r) tile_rows[r] += shared_positions * kLanes;
+          with_tile_shape<kMaxTileRows, kMaxTileTaps>(row_tile.count, cols[col].count, [&]<int kRows, int kCols>() {
+            channels_last_tile<kRows, kCols, false>(tile_rows, kLanes, kLanes, dy_plane.data() + shared_positions * kLanes,
+                                                    kLanes, positions - shared_positions, tile_acc, no_prefetch);
+          });
+        }
+    }
+  bool finite = true;
+  for (int64_t c = 0; c < channels; ++c)
+    for (int64_t tap = 0; tap < taps; ++tap) {
+      const A sum = acc[(c / kLanes * taps + tap) * kLanes + c % kLanes];
+      finite &= std::isfinite(sum);
+      result[c * taps + tap] = sum;
+    }
+  return finite;
 }
 
 template <typename T>
@@ -2413,9 +2512,21 @@ void dispatch(const Args& args, int64_t sample_begin, int64_t sample_end, int64_
   }
 }
 
+// On whole planes where depthwise.cpp chose so, unless a sum came out
+// infinite or NaN there: then row by row, which keeps infinities and NaN in
+// the taps that read them.
+template <typename T>
+void channels_last_rows_or_planes(const Args& args, int64_t sample_begin, int64_t sample_end, int64_t channel_begin,
+                                  int64_t channel_end, acc_type<T>* result) {
+  if (args.whole_planes &&
+      channels_last_planes<T>(args, sample_begin, sample_end, channel_begin, channel_end, result))
+    return;
+  channels_last_impl<T>(args, sample_begin, sample_end, channel_begin, channel_end, result);
+}
+
 template <typename T>
 struct ChannelsLast {
-  static constexpr auto run = channels_last_impl<T>;
+  static constexpr auto run = channels_last_rows_or_planes<T>;
 };
 template <typename T>
 struct ChannelsFirst {
