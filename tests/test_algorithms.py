@@ -1900,6 +1900,38 @@ def test_calibration_picks(calibration, name, layout, dtype, pick):
     assert torch_convgrad.last_algorithm() == pick
 
 
+# The AVX2 calibration's picks for depthwise layers on ConvNeXt's and MobileNetV2's smaller maps (N=8,
+# 2 threads, every algorithm forced in one process, AMD EPYC Zen 3, 2026-12-05; ms): the depthwise
+# kernel for 5x5 and 7x7 kernels, where oneDNN is bound by its products (7x7 on 14x14 maps, 384
+# channels: 0.94 channels-last and 1.07 channels-first against 6.08 and 14.6; on 7x7 maps, 768
+# channels, 0.53 and 0.81 against 2.28 and 7.87; bf16 1.86 against 6.51; 5x5 on 7x7 maps 0.39 and
+# 0.95 against 1.49 and 6.55); oneDNN for f32 3x3 kernels on 7x7 maps (0.23 against 0.28
+# channels-last, 0.29 against 0.47 channels-first).
+AVX2_DEPTHWISE_PICKS = [
+    # (layout, dtype, channels, size, kernel, pick)
+    ("NXC", torch.float32, 384, 14, 7, "depthwise"),
+    ("NCX", torch.float32, 384, 14, 7, "depthwise"),
+    ("NXC", torch.float32, 768, 7, 7, "depthwise"),
+    ("NCX", torch.float32, 768, 7, 7, "depthwise"),
+    ("NXC", torch.bfloat16, 384, 14, 7, "depthwise"),
+    ("NXC", torch.float32, 768, 7, 5, "depthwise"),
+    ("NCX", torch.float32, 768, 7, 5, "depthwise"),
+    ("NXC", torch.float32, 768, 7, 3, "aten"),
+    ("NCX", torch.float32, 768, 7, 3, "aten"),
+]
+
+
+@pytest.mark.parametrize("data_format,dtype,channels,size,kernel,pick", AVX2_DEPTHWISE_PICKS)
+def test_avx2_depthwise_picks(data_format, dtype, channels, size, kernel, pick):
+    if CALIBRATION != "avx2" or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        pytest.skip(f"the avx2 calibration's pick (this CPU's is {CALIBRATION})")
+    x = rand(data_shape(8, channels, (size, size), data_format), dtype, seed=81)
+    dy = rand(data_shape(8, channels, (size, size), data_format), dtype, seed=82)
+    pad = kernel // 2
+    attributes = dict(pads_begin=pad, pads_end=pad, groups=channels, data_format=data_format, filter_format="OIX")
+    assert run(None, x, dy, [channels, 1, kernel, kernel], attributes)[1] == pick
+
+
 def cpuinfo_field(name):
     """The first value of `name` in /proc/cpuinfo, or None."""
     try:

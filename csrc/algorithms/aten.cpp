@@ -407,11 +407,19 @@ constexpr int64_t kManyPairs = 256 * 1024;
 // the 1-D layer 8.0-11.0 ms, U-Net's transposed 2x2 6.6-7.1, where gemm took
 // 5.1-7.2 and 5.7-6.2; two runs of every algorithm forced). bf16 and f16 run on
 // float32 copies (their conversion is counted by the caller), about 15%
-// slower, half speed in 3-D NCX.
+// slower, half speed in 3-D NCX. Depthwise layers (2026-12-05, f32, N=8,
+// 96-768 channels on 56x56 to 7x7 maps): 3x3 kernels read their data at
+// 6.7-21 GB/s on NXC data and 1.9-12 on NCX (MobileNetV2's 56x56 layer, N=16,
+// at 8.4 and 8.5; the fastest on maps that stay in the caches); kernels of
+// more than 9 taps are bound by their products, 3.8-7.0 GMAC/s on NXC data
+// (stride 2: 2.5-5.6) and 0.9-2.1 on NCX, where the depthwise kernel ran
+// 9-50.
 double avx2_cpu_seconds(const Problem& problem, const Geometry& g, bool nxc) {
   const bool reduced = at::isReducedFloatingType(problem.input.scalar_type());
-  if (g.in_channels == g.groups && g.out_channels == g.groups)
-    return g.data_bytes(problem.input.element_size()) / 3e9;
+  if (g.in_channels == g.groups && g.out_channels == g.groups) {
+    const double read_seconds = g.data_bytes(problem.input.element_size()) / (nxc ? 12e9 : 8e9);
+    return g.taps() > 9 ? std::max(read_seconds, g.macs() / (nxc ? 5e9 : 1.5e9)) : read_seconds;
+  }
   const bool strided = g.strided();
   double macs_per_second = nxc ? 25e9 : 40e9;
   if (g.taps() == 1)
