@@ -800,6 +800,33 @@ inline void input_rows_of(const Args& args, int64_t y0, int64_t y1, std::vector<
   }
 }
 
+// The channels [channel_begin, channel_end) that a channels_last call sums,
+// in vector blocks, from the data's first elements of them.
+template <typename T>
+struct ChannelBlocks {
+  const T* input;
+  const T* grad_output;
+  int64_t channels, blocks;
+  ChannelBlocks(const Args& args, int64_t channel_begin, int64_t channel_end)
+      : input(static_cast<const T*>(args.input) + channel_begin * args.input_strides[1]),
+        grad_output(static_cast<const T*>(args.grad_output) + channel_begin * args.grad_output_strides[1]),
+        channels(channel_end - channel_begin),
+        blocks((channels + AccVec<T>::size() - 1) / AccVec<T>::size()) {}
+  // Writes sums laid out [block][weight][lane] to result[channel][weight];
+  // returns whether all are finite.
+  bool write(const acc_type<T>* sums, int64_t weights, acc_type<T>* result) const {
+    constexpr int64_t kLanes = AccVec<T>::size();
+    bool finite = true;
+    for (int64_t c = 0; c < channels; ++c)
+      for (int64_t weight = 0; weight < weights; ++weight) {
+        const acc_type<T> sum = sums[(c / kLanes * weights + weight) * kLanes + c % kLanes];
+        finite &= std::isfinite(sum);
+        result[c * weights + weight] = sum;
+      }
+    return finite;
+  }
+};
+
 // channels_last on whole planes (Args::whole_planes): a block's input plane
 // is staged whole, each row padded to P = windows + K2 - 1 pixels, and its
 // grad_output plane with the same row pitch, zeros in the K2 - 1 positions
@@ -818,10 +845,8 @@ bool channels_last_planes(const Args& args, int64_t sample_begin, int64_t sample
   constexpr int64_t kLanes = AccVec<T>::size();
   const int64_t* x_strides = args.input_strides;
   const int64_t* dy_strides = args.grad_output_strides;
-  const T* input = static_cast<const T*>(args.input) + channel_begin * x_strides[1];
-  const T* grad_output = static_cast<const T*>(args.grad_output) + channel_begin * dy_strides[1];
-  const int64_t channels = channel_end - channel_begin;
-  const int64_t blocks = (channels + kLanes - 1) / kLanes;
+  const ChannelBlocks<T> range(args, channel_begin, channel_end);
+  const int64_t channels = range.channels, blocks = range.blocks;
   const int64_t rows_of_taps = args.kernel[1], row_taps = args.kernel[2], taps = rows_of_taps * row_taps;
   const int64_t windows = args.out[2], out_rows = args.out[1];
   const int64_t pitch = windows + row_taps - 1;  // pixels a staged row
@@ -846,8 +871,8 @@ bool channels_last_planes(const Args& args, int64_t sample_begin, int64_t sample
   for (int64_t n = sample_begin; n < sample_end; ++n)
     for (int64_t block = 0; block < blocks; ++block) {
       const int64_t block_channels = std::min(kLanes, channels - block * kLanes);
-      const T* x = input + n * x_strides[0] + block * kLanes * x_strides[1];
-      const T* dy = grad_output + n * dy_strides[0] + block * kLanes * dy_strides[1];
+      const T* x = range.input + n * x_strides[0] + block * kLanes * x_strides[1];
+      const T* dy = range.grad_output + n * dy_strides[0] + block * kLanes * dy_strides[1];
       for (int64_t iy = 0; iy < args.in[1] && iy + args.pad_begin[1] < staged_rows; ++iy)
         stage_channels(x + iy * x_strides[3], x_strides[1], x_strides[4], block_channels, input_pixels,
                        args.pad_begin[2], pitch * kLanes, x_plane.data() + (iy + args.pad_begin[1]) * pitch * kLanes);
@@ -874,14 +899,7 @@ bool channels_last_planes(const Args& args, int64_t sample_begin, int64_t sample
           });
         }
     }
-  bool finite = true;
-  for (int64_t c = 0; c < channels; ++c)
-    for (int64_t tap = 0; tap < taps; ++tap) {
-      const A sum = acc[(c / kLanes * taps + tap) * kLanes + c % kLanes];
-      finite &= std::isfinite(sum);
-      result[c * taps + tap] = sum;
-    }
-  return finite;
+  return range.write(acc.data(), taps, result);
 }
 
 template <typename T>
@@ -891,10 +909,10 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
   constexpr int64_t kLanes = AccVec<T>::size();
   const int64_t* x_strides = args.input_strides;
   const int64_t* dy_strides = args.grad_output_strides;
-  const T* input = static_cast<const T*>(args.input) + channel_begin * x_strides[1];
-  const T* grad_output = static_cast<const T*>(args.grad_output) + channel_begin * dy_strides[1];
-  const int64_t channels = channel_end - channel_begin;
-  const int64_t blocks = (channels + kLanes - 1) / kLanes;
+  const ChannelBlocks<T> range(args, channel_begin, channel_end);
+  const T* input = range.input;
+  const T* grad_output = range.grad_output;
+  const int64_t channels = range.channels, blocks = range.blocks;
   const int64_t taps = args.kernel[0] * args.kernel[1] * args.kernel[2];
   const int64_t group_channels = args.group_channels;
   const int64_t windows = args.out[2], stride = args.stride[2], dilation = args.dilation[2];
@@ -1246,9 +1264,7 @@ void channels_last_impl(const Args& args, int64_t sample_begin, int64_t sample_e
       }
     }
   }
-  for (int64_t c = 0; c < channels; ++c)
-    for (int64_t tap = 0; tap < block_taps; ++tap)
-      result[c * block_taps + tap] = acc[(c / kLanes * block_taps + tap) * kLanes + c % kLanes];
+  range.write(acc.data(), block_taps, result);
 }
 
 // ---------------------------------------------------------------------------
