@@ -237,7 +237,7 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // 0.97-1.11. Not measured on AVX-512.
   const bool transposes = args.input_strides[1] != 1 || args.grad_output_strides[1] != 1;
   args.whole_planes = calibration == CpuCalibration::Avx2 && kernel::runs_as_planes(args) &&
-                              (row_windows <= 14 || (transposes && row_taps >= 5 && row_windows <= 56));
+                      (row_windows <= 14 || (transposes && row_taps >= 5 && row_windows <= 56));
   const bool bf16_products = dtype == at::kBFloat16 && cpu_has_avx512_bf16();
   args.bf16_planes = !args.float_rows && bf16_products && cpu_is_avx512() && kernel::AVX512::bf16_planes_built() &&
                      row_taps < 5 && geometry.stride[2] == 1 && args.group_channels == 1 &&
@@ -352,13 +352,21 @@ bool use_channels_last(const kernel::Args& args, int64_t channels, int64_t lanes
   return args.group_channels == 1 && rows_unit && channels >= lanes;
 }
 
+// Whether run() gives the problem to the channels-last kernel, else to the
+// channels-first one. bf16 planes on dot products (Args::bf16_planes) and
+// planes on float row tiles (Args::float_rows) run faster still in the
+// channels-first kernel, a sample group's planes in order.
+bool runs_channels_last(const kernel::Args& args, int64_t channels, int64_t lanes) {
+  return !args.bf16_planes && !args.float_rows && use_channels_last(args, channels, lanes);
+}
+
 double cost(const Problem& problem, const Geometry& g) {
   const double windows = static_cast<double>(g.out[2]);
   double macs_per_second = kGroupedMacsPerSecond * windows / (windows + 8);
   if (depthwise_group_channels(problem) == 1) {
     const kernel::Args args = depthwise_args(problem, g);
-    const bool planes = args.whole_planes && !args.float_rows && !args.bf16_planes &&
-                        use_channels_last(args, g.in_channels, lanes_of(problem.input.scalar_type()));
+    const bool planes =
+        args.whole_planes && runs_channels_last(args, g.in_channels, lanes_of(problem.input.scalar_type()));
     macs_per_second = planes ? planes_macs_per_second(g) : depthwise_macs_per_second(windows);
   }
   return kOverheadSeconds +
@@ -399,13 +407,8 @@ at::Tensor run(const Problem& problem) {
   const kernel::Args args = depthwise_args(problem, geometry);
   const int64_t channels = geometry.in_channels;
   const Build& build = build_for(args, channels, problem.input.scalar_type());
-  // bf16 planes on dot products (Args::bf16_planes) and planes on float row
-  // tiles (Args::float_rows) run faster still in the channels-first kernel,
-  // a sample group's planes in order.
-  if (args.bf16_planes || args.float_rows)
-    return run_depthwise_tasks(problem, geometry, args, build.channels_first, 0, 1);
   const int64_t lanes = build.lanes(problem.input.scalar_type());
-  const bool channels_last = use_channels_last(args, channels, lanes);
+  const bool channels_last = runs_channels_last(args, channels, lanes);
   const bool transposes = channels_last && (args.input_strides[1] != 1 || args.grad_output_strides[1] != 1);
   // Channels-first data the channels-last kernel transposes goes one vector
   // of channels a task, so that a thread reads a few planes at a time rather

@@ -2273,7 +2273,8 @@ constexpr int64_t most_tap_rows(int64_t) { return kMostTapRows; }
 // stride 1, InPlaceRows; bf16 at stride 2, InPlaceStride2). On staged rows
 // the last step, of fewer windows, zeroes the lanes past the row's last
 // window in both tensors' vectors: the input elements there are real ones
-// (another window's, or the next row's) and may be infinite. In place, masks take those lanes and the padding.
+// (another window's, or the next row's) and may be infinite. In place,
+// masks take those lanes and the padding.
 template <typename T, int kKH, int kKW, int kStride, typename Rows>
 void float_row_tile(const Rows& x, const RowLayout& layout, const Args& args, int64_t kz, int64_t ky_first,
                     bool share_rows, const T* dy, const int64_t* dy_pitch, NextPlanes& next_planes, float* sums_out) {
