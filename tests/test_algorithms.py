@@ -146,6 +146,24 @@ def test_gemm_tiles_that_span_taps(dtype, channels, groups, stride):
     assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
+# A stem's few channels on interleaved stride-2 phases: each 6-row tile of A
+# is two taps' three channels, adjacent in memory, packed a row at a time
+# (on AVX2 as a whole vector, whose lanes past the row the next row
+# overwrites), over several chunks of rows and a last tile of 3 rows.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("kernel,size", [((3, 3), (66, 63)), ((7, 7), (160, 157))])
+def test_gemm_packs_the_tiles_of_a_few_channel_stem(dtype, kernel, size):
+    pad = kernel[0] // 2
+    out = [(s + 2 * pad - kernel[0]) // 2 + 1 for s in size]
+    x = rand(data_shape(1, 3, size, "NXC"), dtype, seed=41)
+    dy = rand(data_shape(1, 8, out, "NXC"), dtype, seed=42)
+    problem = (x, dy, [8, 3, *kernel],
+               dict(strides=2, pads_begin=pad, pads_end=pad, data_format="NXC", filter_format="OIX"))
+    out, ran = run("gemm", *problem)
+    assert ran == "gemm"
+    assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
+
+
 # The fused kernel converts f16/bf16 channels-last A a region a chunk (each
 # row that some tap of the block reads, the block's columns) instead of
 # packing it per tile (on AVX-512 only where several taps read it): blocks

@@ -465,7 +465,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
                                                         : !std::is_same_v<T, float> &&
                                                               region_elements < packed_elements);
   pack_a = pack_a && !converts_region;
-  LineAlignedBuffer<float> packed_a(pack_a ? tiles * chunk_rows * kTileM : 0);
+  LineAlignedBuffer<float> packed_a(pack_a ? tiles * chunk_rows * kTileM + kLanes - kTileM : 0);
   // Whether a chunk's rows of this many columns outgrow a slab (the AVX-512 build only).
   const auto outgrows_slab = [](int64_t columns) {
     return kLanes == 16 && columns * static_cast<int64_t>(sizeof(T)) > kTileO * static_cast<int64_t>(sizeof(float));
@@ -540,12 +540,23 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
         // tiles' in ResNet-50's 3x3 64-channel layer (perf), and 3x3, 1-D and
         // 3-D layers ran 1.04-1.13 times as fast (medians of 8 pairs of
         // alternating processes; the 1x1 64 -> 256 layer 1.0).
-        // f32 rows are copied as they are.
+        // f32 rows are copied as they are. The AVX2 build stores a row's
+        // whole vector: its two lanes past the row land where the next row
+        // is stored after it (or in the buffer's slack). Its masked stores
+        // had taken most of the packing's time on the Zen 3 (masked stores
+        // are slow on AMD's cores): the 16-bit channels-last stems of
+        // ResNet-50 (7x7, stride 2, 3 channels), MobileNetV2 and ConvNeXt
+        // ran 1.32-1.47x as fast so, the benchmark's gemm layers 0.97-1.08x
+        // (bf16 and f16, 2 threads, interleaved).
         static_assert(kTileM <= kLanes && kTileM % 2 == 0, "a row of a tile is one vector's pairs");
         for (int64_t r = 0; r < rows; ++r, target += kTileM) {
           if constexpr (!std::is_same_v<T, float>)
             if (contiguous) {
-              store(target, first_lanes(kTileM), load_as_float(source[0] + r * args.lda, kTileM));
+              const Vector row = load_as_float(source[0] + r * args.lda, kTileM);
+              if constexpr (kLanes == 8)
+                store(target, row);
+              else
+                store(target, first_lanes(kTileM), row);
               continue;
             }
           if (contiguous)
