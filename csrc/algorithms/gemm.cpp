@@ -306,11 +306,17 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   // On the Zen 3 the fused kernel ran ResNet-50's stride-2 1x1 layer on
   // channels-last data at 32-43 GMAC/s (two runs, 2026-12-01): one tap whose
   // rows lie a stride apart, copied a chunk at a time (an aliasing row
-  // stride) or read a line a row.
+  // stride) or read a line a row. Its tiles run A's (tap, channel) rows, so
+  // its rate follows their count, as the AVX-512 build's does below: few
+  // input channels a group read by many taps run at full width (2026-12-05,
+  // f32, against oneDNN: ResNet-50's 7x7 stem, 3 channels, N=4 on 224x224
+  // channels-last, 10.0 ms against 20.3; ConvNeXt's 4x4 stem 1.85 against
+  // 2.19; a 3x3 layer of 4 groups of 32 channels, 5.4 against 8.2; the
+  // model by channels alone estimated 2.5, 1.7 and 2.2 times those times).
   const bool strided = g.strided();
   if (calibration == CpuCalibration::Avx2)
-    return (fused ? 60e9 * (g.taps() == 1 && strided ? 0.65 : 1.0) : 48e9) * width(in_per_group) *
-           width(out_per_group);
+    return (fused ? 60e9 * (g.taps() == 1 && strided ? 0.65 : 1.0) : 48e9) *
+           width((fused ? g.taps() : 1) * in_per_group) * width(out_per_group);
   // The AVX-512 build's rate follows the rows of its product, A's taps times
   // channels (each row of B is packed once for all of them), and B's width.
   const bool swaps = fused_swaps_operands(g);
