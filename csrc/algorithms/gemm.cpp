@@ -809,20 +809,25 @@ at::Tensor run(const Problem& problem) {
   // at 128->512 (28x28), 1.02x at 512->128; but 0.9x at 1024->256 (14x14)
   // and 0.3x at 2048->512 (7x7), though 1.25x at 256->1024 (14x14). Only
   // where nothing is converted: see blas_products.
-  const bool batched = !samples_flatten && !fused && rows >= kRowsPerBatchedProduct &&
-                       planes.scalar_type() == dtype && grad_output.scalar_type() == dtype;
+  const bool converts = planes.scalar_type() != dtype || grad_output.scalar_type() != dtype;
+  const bool batched = !samples_flatten && !fused && rows >= kRowsPerBatchedProduct && !converts;
   const int64_t samples_per_product =
       samples_flatten ? std::max<int64_t>(1, kRowsPerProduct / std::max<int64_t>(plane_rows, 1))
       : batched       ? samples_per_batch(in_per_group, out_per_group)
                       : 1;
-  // Batches with more output than input channels a group are written
-  // transposed, each product's larger side as its rows: MKL ran ResNet's 1x1
-  // 64->256 NCX f32 layer (N=8, 56x56, 2 threads) 1.10-1.35 times as fast so
-  // (three runs), and bmm alone 1.04-1.1 times at 64->256 and 128->512
-  // (0.9-0.94 times the other way round: 512->128, 256->64, 1024->256); a
-  // sample at a time (converted f16/bf16) it ran 0.94-0.95 times as fast
-  // (Cascade Lake, interleaved).
-  const bool transposed = batched && in_per_group < out_per_group;
+  // BLAS's products of a sample or a batch with more output than input
+  // channels a group are written transposed, each product's larger side as
+  // its rows, unless they are of converted f16/bf16. Batches: MKL ran
+  // ResNet's 1x1 64->256 NCX f32 layer (N=8, 56x56, 2 threads) 1.10-1.35
+  // times as fast so (three runs), and bmm alone 1.04-1.1 times at 64->256
+  // and 128->512 (0.9-0.94 times the other way round: 512->128, 256->64,
+  // 1024->256). A sample at a time: ResNet's
+  // channels-first f32 1x1 expansions on small maps ran 1.12-1.21x as fast
+  // (512->2048 on 7x7, N=8 to 32; 256->1024 on 14x14), 128->512 on 28x28
+  // 1.08x (Zen 3, interleaved; 2026-12-05); converted f16/bf16 0.94-0.95x
+  // on the Cascade Lake and 0.96-1.10x on the Zen 3 (other CPUs' MKL not
+  // measured).
+  const bool transposed = !fused && !samples_flatten && !converts && in_per_group < out_per_group;
   const at::Tensor taps = empty_tap_sums(g, transposed, sums_options);
 
   const FusedInput fused_input = fused_input_of_planes(planes, placement);
