@@ -340,7 +340,10 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, size, dtype,
 # product split between the threads; on AVX-512 CPUs the fused kernel reads
 # both operands in place instead, each thread its own samples:
 # test_gemm_fused_kernel_reads_both_operands_channels_first), float64 (BLAS
-# throughout), and one thread, which packs every sample at once.
+# throughout), and one thread, which packs every sample at once. Where BLAS
+# multiplies packed planes (float64, and the stride-2 1x1 layer's), threads
+# take their own samples only from 1024 rows a thread (the 1x1 layer on a
+# 66x64 map); below that they split the products of all samples.
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("case", [
@@ -348,11 +351,12 @@ def test_gemm_one_tap_with_more_output_channels(groups, attributes, size, dtype,
     dict(kernel=(3, 3), attributes=dict(pads_begin=1, pads_end=1), groups=2, data_format="NCX"),
     dict(kernel=(1, 4), attributes=dict(strides=(1, 2)), groups=1, data_format="NCX"),
     dict(kernel=(1, 1), attributes=dict(strides=2), groups=1, data_format="NCX"),
+    dict(kernel=(1, 1), attributes=dict(strides=2), groups=1, data_format="NCX", size=(66, 64)),
     dict(kernel=(3,), attributes=dict(pads_begin=1, pads_end=1), groups=1, data_format="NCX", size=(1030,)),
     dict(kernel=(2, 1), attributes=dict(strides=(3, 1)), groups=2, data_format="NCX"),
     dict(kernel=(1, 1), attributes=dict(), groups=1, data_format="NCX"),
-], ids=["padded-NXC", "groups-NCX", "unpadded-NCX", "1x1-stride-2-NCX", "long-line-NCX", "two-planes-groups-NCX",
-        "1x1-in-place-NCX"])
+], ids=["padded-NXC", "groups-NCX", "unpadded-NCX", "1x1-stride-2-NCX", "1x1-stride-2-NCX-1056-rows", "long-line-NCX",
+        "two-planes-groups-NCX", "1x1-in-place-NCX"])
 def test_gemm_threads_multiply_their_own_samples(case, dtype, threads):
     n, c, o, size = 5, 8, 6, case.get("size", (9, 10))
     kernel, groups, data_format = case["kernel"], case["groups"], case["data_format"]

@@ -492,11 +492,22 @@ bool threads_split_samples(const Geometry& g) {
 // gradient's channels-last rows read in place too), splitting each
 // sample's products inside the kernel ran 1.03-1.07x as fast as by samples
 // on four channels-first 1-D layers of 16-64 channels in one interleaved
-// run, 0.97-1.04x in another (Cascade Lake, 2 threads). The partial sums
-// are added in a fixed order: deterministic for a thread count, as the
-// depthwise kernels are.
-bool multiplies_by_samples(const Geometry& g, bool fused_rows, bool copies) {
-  return !(fused_rows && fused_swaps_operands(g)) && copies && threads_split_samples(g);
+// run, 0.97-1.04x in another (Cascade Lake, 2 threads). Packed planes that
+// BLAS multiplies are not, where a thread's samples have few rows
+// (kLeastRowsPerThread): each thread's partial sum then costs about as much
+// as its products. ResNet-50's stride-2 1x1 1024->2048 layer (14x14 -> 7x7,
+// channels-first f32, N=8: 196 rows a thread) ran 1.33-1.36x as fast so,
+// at N=32 1.07x; 512->1024 (28->14, N=8) 1.02x; the benchmark's layers
+// 0.99-1.05x (Zen 3, 2 threads, interleaved). The partial sums are added
+// in a fixed order: deterministic for a thread count, as the depthwise
+// kernels are.
+constexpr int64_t kLeastRowsPerThread = 1024;
+bool multiplies_by_samples(const Problem& problem, const Geometry& g, bool fused_rows, bool packs) {
+  if (!threads_split_samples(g) || (fused_rows && fused_swaps_operands(g))) return false;
+  if (converts_samples_apart(problem, fused_rows)) return true;
+  const int64_t threads = at::get_num_threads();
+  const int64_t rows_per_thread = g.out_positions() * ceil_div(g.batch, threads);
+  return packs && (fused_rows || rows_per_thread >= kLeastRowsPerThread);
 }
 
 // Partial sums (parts, sizes...) in `options`, where products(first, last,
@@ -755,8 +766,7 @@ at::Tensor run(const Problem& problem) {
   // The input's planes are packed unless they are the input itself or it is
   // read in place.
   const bool packs_planes = !layout.direct && !in_place;
-  if (multiplies_by_samples(g, fused_rows,
-                            packs_planes || packs_dy || converts_samples_apart(problem, fused_rows))) {
+  if (multiplies_by_samples(problem, g, fused_rows, packs_planes || packs_dy)) {
     Geometry sample = g;
     sample.batch = 1;
     const auto products = [&](int64_t first, int64_t last, const at::Tensor& out) {
@@ -972,8 +982,7 @@ double cost(const Problem& problem, const Geometry& g) {
   if (!fused) {
     // Each thread's own samples are multiplied one at a time; other samples
     // whose rows do not flatten together in batches where run() does.
-    const bool by_samples =
-        multiplies_by_samples(g, fused, packs_planes || packs_dy || converts_samples_apart(problem, fused));
+    const bool by_samples = multiplies_by_samples(problem, g, fused, packs_planes || packs_dy);
     const bool samples_flatten = (input_channels_last || packs_input) && !by_samples;
     const double sample_rows = padded_rows * g.out[0];
     const double products_per_tap =
