@@ -8,7 +8,12 @@ layout copy alone: the ``_batched_transpose`` kernel against ATen's strided copy
 layer's input, in bytes read and written per second.
 
     PYTHONPATH=. python benchmarks/forced_algorithms.py [--device cpu|cuda] [--threads N]
-        [--dtypes f32,...] [--repeats R] [--block-seconds S] [--cases SUBSTRING,...] [--json FILE]
+        [--layers benchmark|sweep] [--dtypes f32,...] [--repeats R] [--block-seconds S]
+        [--cases SUBSTRING,...] [--json FILE]
+
+``--layers sweep`` takes real layers the benchmark leaves out instead (SWEEP_CASES): stems of few
+input channels, ResNet-50's last stage on 7x7 maps and its stride-2 1x1 layers, grouped, 1-D and
+3-D layers, at the batch given (on CUDA too).
 
 (from the repository root, with the extension built in place: ``make build``).
 """
@@ -30,6 +35,36 @@ ALGORITHMS = {
 }
 
 
+Case = benchmark.Case
+# name, batch, in channels, out channels, input size, kernel, stride, padding, groups
+SWEEP_CASES = [
+    Case("resnet50 7x7 stem 3->64 224", 4, 3, 64, (224, 224), (7, 7), 2, (3, 3), (3, 3)),
+    Case("mobilenetv2 stem 3x3 s2 3->32 224", 4, 3, 32, (224, 224), (3, 3), 2, (1, 1), (1, 1)),
+    Case("convnext stem 4x4 s4 3->96 224", 4, 3, 96, (224, 224), (4, 4), 4),
+    Case("resnet50 3x3 128ch 28x28", 8, 128, 128, (28, 28), (3, 3), 1, (1, 1), (1, 1)),
+    Case("resnet50 3x3 512ch 7x7", 8, 512, 512, (7, 7), (3, 3), 1, (1, 1), (1, 1)),
+    Case("resnet50 1x1 256->64 56x56", 8, 256, 64, (56, 56), (1, 1)),
+    Case("resnet50 1x1 128->512 28x28", 8, 128, 512, (28, 28), (1, 1)),
+    Case("resnet50 1x1 256->1024 14x14", 8, 256, 1024, (14, 14), (1, 1)),
+    Case("resnet50 1x1 2048->512 7x7", 8, 2048, 512, (7, 7), (1, 1)),
+    Case("resnet50 1x1 512->2048 7x7", 8, 512, 2048, (7, 7), (1, 1)),
+    Case("resnet50 1x1 512->2048 7x7 N32", 32, 512, 2048, (7, 7), (1, 1)),
+    Case("resnet50 1x1 s2 512->1024 28->14", 8, 512, 1024, (28, 28), (1, 1), 2),
+    Case("resnet50 1x1 s2 1024->2048 14->7", 8, 1024, 2048, (14, 14), (1, 1), 2),
+    Case("resnext 3x3 g32 256ch 28x28", 8, 256, 256, (28, 28), (3, 3), 1, (1, 1), (1, 1), groups=32),
+    Case("resnext 3x3 g32 512ch 14x14", 8, 512, 512, (14, 14), (3, 3), 1, (1, 1), (1, 1), groups=32),
+    Case("grouped 3x3 g4 128ch 28x28", 8, 128, 128, (28, 28), (3, 3), 1, (1, 1), (1, 1), groups=4),
+    Case("mobilenetv2 1x1 24->144 56x56", 8, 24, 144, (56, 56), (1, 1)),
+    Case("mobilenetv2 1x1 96->576 14x14", 8, 96, 576, (14, 14), (1, 1)),
+    Case("convnext 1x1 96->384 56x56", 4, 96, 384, (56, 56), (1, 1)),
+    Case("vgg 3x3 64ch 112x112", 2, 64, 64, (112, 112), (3, 3), 1, (1, 1), (1, 1)),
+    Case("1-D k3 256ch 1000", 8, 256, 256, (1000,), (3,), 1, (1,), (1,)),
+    Case("1-D k5 s2 64->128 4000", 8, 64, 128, (4000,), (5,), 2, (2,), (2,)),
+    Case("3-D 1x3x3 64ch 8x56x56", 2, 64, 64, (8, 56, 56), (1, 3, 3), 1, (0, 1, 1), (0, 1, 1)),
+    Case("3-D 3x1x1 64ch 8x56x56", 2, 64, 64, (8, 56, 56), (3, 1, 1), 1, (1, 0, 0), (1, 0, 0)),
+]
+
+
 def forced(problem, algorithm):
     """A callable running ``problem`` with ``algorithm`` forced, or None where it does not apply."""
     def call():
@@ -41,10 +76,10 @@ def forced(problem, algorithm):
 
 def layers(args, device):
     generator = torch.Generator(device=device).manual_seed(0)
-    for case in benchmark.CASES:
+    for case in benchmark.CASES if args.layers == "benchmark" else SWEEP_CASES:
         if args.cases and not any(part in case.name.lower() for part in args.cases):
             continue
-        if device.type == "cuda":
+        if device.type == "cuda" and args.layers == "benchmark":
             case = dataclasses.replace(case, batch=case.batch * benchmark.CUDA_BATCH_SCALE)
         for layout in benchmark.LAYOUTS:
             for dtype_name in args.dtypes:
@@ -99,6 +134,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--layers", choices=("benchmark", "sweep"), default="benchmark")
     parser.add_argument("--dtypes", type=lambda text: text.split(","), default=list(benchmark.DTYPES))
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--block-seconds", type=float, default=None,
