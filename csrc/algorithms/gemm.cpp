@@ -297,16 +297,18 @@ bool fused_swaps_operands(const Geometry& g) { return g.taps() == 1 && g.in_chan
 
 // The products' multiply-adds a second, on the fused kernel or through BLAS
 // (the constants: cost() below).
-double products_macs_per_second(const Geometry& g, bool fused) {
+double products_macs_per_second(const Geometry& g, bool fused, at::ScalarType dtype) {
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const auto width = [fused](double channels) {
     return fused ? width_share(channels, 64, 32) : width_share(channels, 96, 200);
   };
   const CpuCalibration calibration = cpu_calibration();
   // On the Zen 3 the fused kernel ran ResNet-50's stride-2 1x1 layer on
-  // channels-last data at 32-43 GMAC/s (two runs, 2026-12-01): one tap whose
-  // rows lie a stride apart, copied a chunk at a time (an aliasing row
-  // stride) or read a line a row. Its tiles run A's (tap, channel) rows, so
+  // channels-last float32 data at 32-43 GMAC/s (two runs, 2026-12-01): one
+  // tap whose rows lie a stride apart, copied a chunk at a time (an aliasing
+  // row stride) or read a line a row. f16/bf16 rows are converted a chunk at
+  // a time into a region (tap_gemm_kernel.h), where the stride costs
+  // nothing: 63-64 GMAC/s (12.8-13.1 ms, float32 17.7; 2026-12-05). Its tiles run A's (tap, channel) rows, so
   // its rate follows their count, as the AVX-512 build's does below: few
   // input channels a group read by many taps run at full width (2026-12-05,
   // f32, against oneDNN: ResNet-50's 7x7 stem, 3 channels, N=4 on 224x224
@@ -315,7 +317,7 @@ double products_macs_per_second(const Geometry& g, bool fused) {
   // model by channels alone estimated 2.5, 1.7 and 2.2 times those times).
   const bool strided = g.strided();
   if (calibration == CpuCalibration::Avx2)
-    return (fused ? 60e9 * (g.taps() == 1 && strided ? 0.65 : 1.0) : 48e9) *
+    return (fused ? 60e9 * (g.taps() == 1 && strided && dtype == at::kFloat ? 0.65 : 1.0) : 48e9) *
            width((fused ? g.taps() : 1) * in_per_group) * width(out_per_group);
   // The AVX-512 build's rate follows the rows of its product, A's taps times
   // channels (each row of B is packed once for all of them), and B's width.
@@ -381,7 +383,8 @@ bool blas_outruns_fused_in_place(const Problem& problem, const Layout& layout, c
   const bool blas_reads_in_place = layout.direct && !layout.pitched && g.taps() == 1 &&
                                    problem.input.scalar_type() == at::kFloat &&
                                    cpu_calibration() == CpuCalibration::Avx512Amx;
-  return blas_reads_in_place && products_macs_per_second(g, false) > products_macs_per_second(g, true);
+  return blas_reads_in_place && products_macs_per_second(g, false, at::kFloat) >
+                                    products_macs_per_second(g, true, at::kFloat);
 }
 
 // Whether run() hands both operands to the fused kernel as channels-last
@@ -913,7 +916,7 @@ double cost(const Problem& problem, const Geometry& g) {
   // products (ResNet-50's 1x1 64->256 layer, f32, 5.3-5.5 ms channels-first
   // against 5.2 channels-last, Zen 4).
   if (fused_kernel_reads_channels_first(problem, layout, g))
-    return 30e-6 + g.macs() / (0.95 * products_macs_per_second(g, /*fused=*/true));
+    return 30e-6 + g.macs() / (0.95 * products_macs_per_second(g, /*fused=*/true, problem.input.scalar_type()));
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool fused = fused_kernel_reads_rows(problem, layout, g);
@@ -929,7 +932,7 @@ double cost(const Problem& problem, const Geometry& g) {
   const bool input_channels_last = problem.input.stride(1) == 1;
 
   const bool avx512 = cpu_is_avx512();
-  double macs_per_second = products_macs_per_second(g, fused);
+  double macs_per_second = products_macs_per_second(g, fused, dtype);
   if (dtype == at::kDouble) macs_per_second /= 2;
   double seconds = 30e-6 + g.macs() * (padded_rows / rows) / macs_per_second;
 
