@@ -202,24 +202,35 @@ at::Tensor run(const Problem& problem) {
   return problem.finish(canonical);
 }
 
-// Whether the CPU cost model below has float32 rates for this problem: MKL's
-// product on an AVX-512 CPU without bf16 products (the Cascade Lake's
-// calibration) or on an AVX2 one, ungrouped, on channels-last data. On
-// channels-first data the copies regroup whole planes and `gemm` ran faster
-// on every benchmark layer (1.1-2x on the Cascade Lake); f16/bf16, copied to
-// float32 first, ran slower than `gemm`'s conversion panel by panel
-// (0.6-0.95x).
-bool costed_f32_on_cpu(const Problem& problem, const Geometry& g, const OperandView& windows,
-                       const OperandView& grad_output) {
-  const CpuCalibration calibration = cpu_calibration();
-  return problem.input.is_cpu() && problem.input.scalar_type() == at::kFloat && g.groups == 1 &&
-         (calibration == CpuCalibration::Avx512 || calibration == CpuCalibration::Avx2) && windows.rows_first &&
-         grad_output.rows_first;
+// Whether the CPU cost model below has MKL's rates for this problem (the
+// product in float32), ungrouped: on an AVX-512 CPU without bf16 products
+// (the Cascade Lake's calibration) for float32 channels-last data, on an
+// AVX2 one for float32, f16 and bf16 in either layout. On the Cascade Lake,
+// on channels-first data the copies regroup whole planes and `gemm` ran
+// faster on every benchmark layer (1.1-2x); f16/bf16, copied to float32
+// first, ran slower than `gemm`'s conversion panel by panel (0.6-0.95x). On
+// the Zen 3 (2026-12-05, benchmarks/forced_algorithms.py --layers sweep)
+// matmul was the fastest on 30 of 42 1x1 layers on small maps and stride-2
+// 1x1 layers (ResNet-50's 7x7 and 14x14 stages and its downsampling, in
+// each dtype and layout), up to 1.5x as fast as `gemm` (bf16 512 -> 2048 on
+// 7x7 maps, channels-first, 5.8 ms against 8.3; the stride-2 1024 -> 2048
+// 14 -> 7 in bf16 17.2 against 25.7).
+bool costed_on_cpu(const Problem& problem, const Geometry& g, const OperandView& windows,
+                   const OperandView& grad_output) {
+  if (!problem.input.is_cpu() || g.groups != 1) return false;
+  const at::ScalarType dtype = problem.input.scalar_type();
+  switch (cpu_calibration()) {
+    case CpuCalibration::Avx2:
+      return dtype == at::kFloat || at::isReducedFloatingType(dtype);
+    case CpuCalibration::Avx512:
+      return dtype == at::kFloat && windows.rows_first && grad_output.rows_first;
+    default:
+      return false;
+  }
 }
 
 // Estimated seconds on CUDA, for bf16 on AVX-512 CPUs with AVX512_BF16 but no
-// AMX, and for float32 where costed_f32_on_cpu (elsewhere it runs only when
-// forced).
+// AMX, and where costed_on_cpu (elsewhere it runs only when forced).
 //
 // Measured on an H100 (torch 2.11, GPU time, the benchmark's 1x1 layers at
 // batch 64, 2026-11-24): cuBLAS multiplied f16/bf16 at 330-380 TFLOP/s where
@@ -237,8 +248,8 @@ double cost(const Problem& problem, const Geometry& g) {
   const bool cpu_bf16 = multiplies_bf16_on_cpu(problem, g) && (calibration == CpuCalibration::Avx512Bf16 ||
                                                                calibration == CpuCalibration::Avx512Bf16Wide);
   const OperandView windows = windows_of(problem, g), grad_output = grad_output_of(problem, g);
-  const bool cpu_f32 = costed_f32_on_cpu(problem, g, windows, grad_output);
-  if (!problem.input.is_cuda() && !cpu_bf16 && !cpu_f32) return 1e30;
+  const bool cpu_mkl = costed_on_cpu(problem, g, windows, grad_output);
+  if (!problem.input.is_cuda() && !cpu_bf16 && !cpu_mkl) return 1e30;
   const at::ScalarType dtype = problem.input.scalar_type();
   const double element_size = problem.input.element_size();
   const double stored_size =
@@ -273,7 +284,7 @@ double cost(const Problem& problem, const Geometry& g) {
         zen5_speedup * 160e9 * width(static_cast<double>(g.out_channels / g.groups)) * width(columns);
     return 15e-6 + copy_bytes / (zen5 ? 100e9 : 30e9) + g.macs() / macs_per_second;
   }
-  if (cpu_f32) {
+  if (cpu_mkl) {
     // Measured on an Intel Xeon (Cascade Lake, 2 threads, 2026-11-27): MKL's
     // f32 product ran at 92-98 GMAC/s with both sides 256 or wider, 82 with
     // 128 output channels (U-Net) and 56 with 64 columns (ResNet-50's 1x1 64
@@ -289,7 +300,13 @@ double cost(const Problem& problem, const Geometry& g) {
     const bool avx2 = calibration == CpuCalibration::Avx2;
     const auto width = [](double channels) { return width_share(channels, 200, 200); };
     const double columns = static_cast<double>(g.in_channels) * g.taps();
-    const double macs_per_second = (avx2 ? 55e9 : 95e9) * width(static_cast<double>(g.out_channels)) * width(columns);
+    // f16/bf16 at 0.92 of the rate: on the benchmark's 1x1 layers, where
+    // gemm converts panel by panel, matmul took 0.92-1.09 times gemm's time
+    // (2026-12-05), and so only its stride-2 channels-last 16-bit layer
+    // moves to matmul (0.99-1.05x).
+    const double reduced = at::isReducedFloatingType(dtype) ? 0.92 : 1.0;
+    const double macs_per_second =
+        (avx2 ? 55e9 : 95e9) * reduced * width(static_cast<double>(g.out_channels)) * width(columns);
     return 15e-6 + copy_bytes / (avx2 ? 8e9 : 25e9) + g.macs() / macs_per_second;
   }
   constexpr double kCopyBytesPerSecond = 1.4e12;
