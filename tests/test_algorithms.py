@@ -1954,25 +1954,33 @@ def test_avx2_depthwise_picks(data_format, dtype, channels, size, kernel, pick):
     assert run(None, x, dy, [channels, 1, kernel, kernel], attributes)[1] == pick
 
 
-# Few input channels a group that many taps read: the fused kernel's tiles
-# run (tap, channel) rows, at full width (channels-last f32, Zen 3: the 7x7
-# stem 10.0 ms against oneDNN's 20.3, the 4-group layer 5.4 against 8.2).
-AVX2_FEW_CHANNEL_PICKS = [
-    # (n, c, o, size, kernel, stride, groups, pick)
-    (4, 3, 64, 224, 7, 2, 1, "gemm"),
-    (8, 128, 128, 28, 3, 1, 4, "gemm"),
+# The AVX2 calibration's picks on layers the benchmark leaves out
+# (benchmarks/forced_algorithms.py --layers sweep; Zen 3, 2 threads,
+# 2026-12-05, ms): few input channels a group that many taps read go to the
+# fused kernel, whose tiles run (tap, channel) rows at full width (the 7x7
+# stem channels-last f32 9.2-10.0 against oneDNN's 17.4-20.3, 4 groups of 32
+# channels 4.2-5.4 against 7.4-8.2); 1x1 layers on 7x7 maps and stride-2 ones
+# down to them, channels-first bf16, to MKL's product on float32 copies
+# (512 -> 2048: 5.8-5.9 against gemm's 7.2-8.3 and oneDNN's 6.8-7.6; stride 2,
+# 1024 -> 2048: 12.2-17.2 against 16.7-25.7 and 15.3-25.3).
+AVX2_SWEEP_PICKS = [
+    # (n, c, o, size, kernel, stride, groups, layout, dtype, pick)
+    (4, 3, 64, 224, 7, 2, 1, "NXC", torch.float32, "gemm"),
+    (8, 128, 128, 28, 3, 1, 4, "NXC", torch.float32, "gemm"),
+    (8, 512, 2048, 7, 1, 1, 1, "NCX", torch.bfloat16, "matmul"),
+    (8, 1024, 2048, 14, 1, 2, 1, "NCX", torch.bfloat16, "matmul"),
 ]
 
 
-@pytest.mark.parametrize("n,c,o,size,kernel,stride,groups,pick", AVX2_FEW_CHANNEL_PICKS)
-def test_avx2_few_channel_picks(n, c, o, size, kernel, stride, groups, pick):
+@pytest.mark.parametrize("n,c,o,size,kernel,stride,groups,data_format,dtype,pick", AVX2_SWEEP_PICKS)
+def test_avx2_sweep_picks(n, c, o, size, kernel, stride, groups, data_format, dtype, pick):
     if CALIBRATION != "avx2" or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
         pytest.skip(f"the avx2 calibration's pick (this CPU's is {CALIBRATION})")
     pad = kernel // 2
     out = (size + 2 * pad - kernel) // stride + 1
-    x = rand(data_shape(n, c, (size, size), "NXC"), torch.float32, seed=83)
-    dy = rand(data_shape(n, o, (out, out), "NXC"), torch.float32, seed=84)
-    attributes = dict(strides=stride, pads_begin=pad, pads_end=pad, groups=groups, data_format="NXC",
+    x = rand(data_shape(n, c, (size, size), data_format), dtype, seed=83)
+    dy = rand(data_shape(n, o, (out, out), data_format), dtype, seed=84)
+    attributes = dict(strides=stride, pads_begin=pad, pads_end=pad, groups=groups, data_format=data_format,
                       filter_format="OIX")
     assert run(None, x, dy, [o, c // groups, kernel, kernel], attributes)[1] == pick
 
