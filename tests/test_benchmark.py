@@ -2,8 +2,11 @@
 
 Tiny synthetic cases keep this fast; nothing here asserts a timing.
 """
+import importlib.util
+import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -176,3 +179,27 @@ def test_slow_calls_are_timed_over_fewer_blocks(monkeypatch):
     monkeypatch.setattr(benchmark, "SLOW_CALL_SECONDS", 60)
     times = benchmark.time_interleaved(functions, repeats=7, block_seconds=0.001, device=torch.device("cpu"))
     assert [len(values) for values in times.values()] == [7] * 2
+
+
+def test_forced_algorithms_sweep_layers(tmp_path):
+    """benchmarks/forced_algorithms.py --layers sweep forces every algorithm on a layer the
+    benchmark leaves out, checks each against aten and records their times and the pick."""
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("forced_algorithms", root / "benchmarks" / "forced_algorithms.py")
+    forced_algorithms = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(forced_algorithms)
+    out = tmp_path / "sweep.json"
+    threads = torch.get_num_threads()
+    try:
+        status = forced_algorithms.main(["--device", "cpu", "--threads", "1", "--layers", "sweep", "--dtypes", "f32",
+                                         "--cases", "grouped 3x3 g4", "--repeats", "1", "--block-seconds", "0.001",
+                                         "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    records = json.loads(out.read_text())
+    assert status == 0
+    assert [(record["case"], record["layout"]) for record in records] == [
+        ("grouped 3x3 g4 128ch 28x28", "NXC"), ("grouped 3x3 g4 128ch 28x28", "NCX")]
+    for record in records:
+        assert {"aten", "gemm"} <= set(record["seconds"]) and not record["errors"]
+        assert record["picked"] in record["seconds"]
