@@ -308,13 +308,14 @@ double products_macs_per_second(const Geometry& g, bool fused, at::ScalarType dt
   // tap whose rows lie a stride apart, copied a chunk at a time (an aliasing
   // row stride) or read a line a row. f16/bf16 rows are converted a chunk at
   // a time into a region (tap_gemm_kernel.h), where the stride costs
-  // nothing: 63-64 GMAC/s (12.8-13.1 ms, float32 17.7; 2026-12-05). Its tiles run A's (tap, channel) rows, so
-  // its rate follows their count, as the AVX-512 build's does below: few
-  // input channels a group read by many taps run at full width (2026-12-05,
-  // f32, against oneDNN: ResNet-50's 7x7 stem, 3 channels, N=4 on 224x224
-  // channels-last, 10.0 ms against 20.3; ConvNeXt's 4x4 stem 1.85 against
-  // 2.19; a 3x3 layer of 4 groups of 32 channels, 5.4 against 8.2; the
-  // model by channels alone estimated 2.5, 1.7 and 2.2 times those times).
+  // nothing: 63-64 GMAC/s (12.8-13.1 ms, float32 17.7; 2026-12-05). Its
+  // tiles run A's (tap, channel) rows, so its rate follows their count, as
+  // the AVX-512 build's does below: few input channels a group read by many
+  // taps run at full width (2026-12-05, f32, against oneDNN: ResNet-50's 7x7
+  // stem, 3 channels, N=4 on 224x224 channels-last, 10.0 ms against 20.3;
+  // ConvNeXt's 4x4 stem 1.85 against 2.19; a 3x3 layer of 4 groups of 32
+  // channels, 5.4 against 8.2; the model by channels alone estimated 2.5,
+  // 1.7 and 2.2 times those times).
   const bool strided = g.strided();
   if (calibration == CpuCalibration::Avx2)
     return (fused ? 60e9 * (g.taps() == 1 && strided && dtype == at::kFloat ? 0.65 : 1.0) : 48e9) *
@@ -834,12 +835,11 @@ at::Tensor run(const Problem& problem) {
   // ResNet's 1x1 64->256 NCX f32 layer (N=8, 56x56, 2 threads) 1.10-1.35
   // times as fast so (three runs), and bmm alone 1.04-1.1 times at 64->256
   // and 128->512 (0.9-0.94 times the other way round: 512->128, 256->64,
-  // 1024->256). A sample at a time: ResNet's
-  // channels-first f32 1x1 expansions on small maps ran 1.12-1.21x as fast
-  // (512->2048 on 7x7, N=8 to 32; 256->1024 on 14x14), 128->512 on 28x28
-  // 1.08x (Zen 3, interleaved; 2026-12-05); converted f16/bf16 0.94-0.95x
-  // on the Cascade Lake and 0.96-1.10x on the Zen 3 (other CPUs' MKL not
-  // measured).
+  // 1024->256). A sample at a time: ResNet's channels-first f32 1x1
+  // expansions on small maps ran 1.12-1.21x as fast (512->2048 on 7x7, N=8
+  // to 32; 256->1024 on 14x14), 128->512 on 28x28 1.08x (Zen 3,
+  // interleaved; 2026-12-05); converted f16/bf16 0.94-0.95x on the Cascade
+  // Lake and 0.96-1.10x on the Zen 3 (other CPUs' MKL not measured).
   const bool transposed = !fused && !samples_flatten && !converts && in_per_group < out_per_group;
   const at::Tensor taps = empty_tap_sums(g, transposed, sums_options);
 
@@ -916,7 +916,8 @@ double cost(const Problem& problem, const Geometry& g) {
   // products (ResNet-50's 1x1 64->256 layer, f32, 5.3-5.5 ms channels-first
   // against 5.2 channels-last, Zen 4).
   if (fused_kernel_reads_channels_first(problem, layout, g))
-    return 30e-6 + g.macs() / (0.95 * products_macs_per_second(g, /*fused=*/true, problem.input.scalar_type()));
+    return 30e-6 +
+           g.macs() / (0.95 * products_macs_per_second(g, /*fused=*/true, problem.input.scalar_type()));
   const int64_t in_per_group = g.in_channels / g.groups, out_per_group = g.out_channels / g.groups;
   const at::ScalarType dtype = problem.input.scalar_type();
   const bool fused = fused_kernel_reads_rows(problem, layout, g);

@@ -302,8 +302,7 @@ double cost(const Problem& problem, const Geometry& g) {
     const double columns = static_cast<double>(g.in_channels) * g.taps();
     // f16/bf16 at 0.92 of the rate: on the benchmark's 1x1 layers, where
     // gemm converts panel by panel, matmul took 0.92-1.09 times gemm's time
-    // (2026-12-05), and so only its stride-2 channels-last 16-bit layer
-    // moves to matmul (0.99-1.05x).
+    // (2026-12-05), and so none of them moves to matmul.
     const double reduced = at::isReducedFloatingType(dtype) ? 0.92 : 1.0;
     const double macs_per_second =
         (avx2 ? 55e9 : 95e9) * reduced * width(static_cast<double>(g.out_channels)) * width(columns);
