@@ -1943,17 +1943,6 @@ AVX2_DEPTHWISE_PICKS = [
 ]
 
 
-@pytest.mark.parametrize("data_format,dtype,channels,size,kernel,pick", AVX2_DEPTHWISE_PICKS)
-def test_avx2_depthwise_picks(data_format, dtype, channels, size, kernel, pick):
-    if CALIBRATION != "avx2" or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
-        pytest.skip(f"the avx2 calibration's pick (this CPU's is {CALIBRATION})")
-    x = rand(data_shape(8, channels, (size, size), data_format), dtype, seed=81)
-    dy = rand(data_shape(8, channels, (size, size), data_format), dtype, seed=82)
-    pad = kernel // 2
-    attributes = dict(pads_begin=pad, pads_end=pad, groups=channels, data_format=data_format, filter_format="OIX")
-    assert run(None, x, dy, [channels, 1, kernel, kernel], attributes)[1] == pick
-
-
 # The AVX2 calibration's picks on layers the benchmark leaves out
 # (benchmarks/forced_algorithms.py --layers sweep; Zen 3, 2 threads,
 # 2026-12-05, ms): few input channels a group that many taps read go to the
@@ -1972,8 +1961,10 @@ AVX2_SWEEP_PICKS = [
 ]
 
 
-@pytest.mark.parametrize("n,c,o,size,kernel,stride,groups,data_format,dtype,pick", AVX2_SWEEP_PICKS)
-def test_avx2_sweep_picks(n, c, o, size, kernel, stride, groups, data_format, dtype, pick):
+@pytest.mark.parametrize("n,c,o,size,kernel,stride,groups,data_format,dtype,pick", AVX2_SWEEP_PICKS + [
+    (8, channels, channels, size, kernel, 1, channels, data_format, dtype, pick)
+    for data_format, dtype, channels, size, kernel, pick in AVX2_DEPTHWISE_PICKS])
+def test_avx2_picks_off_the_benchmark(n, c, o, size, kernel, stride, groups, data_format, dtype, pick):
     if CALIBRATION != "avx2" or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
         pytest.skip(f"the avx2 calibration's pick (this CPU's is {CALIBRATION})")
     pad = kernel // 2

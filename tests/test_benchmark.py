@@ -6,7 +6,6 @@ import importlib.util
 import json
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +14,8 @@ import torch_convgrad
 from torch_convgrad import benchmark, reference
 from torch_convgrad.__main__ import main as cli_main
 from torch_convgrad.benchmark import Case, Problem
+
+from conftest import ROOT
 
 # Asymmetric pads, strides and groups in 1-D, 2-D and 3-D, for each op kind.
 TINY_CASES = [
@@ -184,8 +185,7 @@ def test_slow_calls_are_timed_over_fewer_blocks(monkeypatch):
 def test_forced_algorithms_sweep_layers(tmp_path):
     """benchmarks/forced_algorithms.py --layers sweep forces every algorithm on a layer the
     benchmark leaves out, checks each against aten and records their times and the pick."""
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("forced_algorithms", root / "benchmarks" / "forced_algorithms.py")
+    spec = importlib.util.spec_from_file_location("forced_algorithms", ROOT / "benchmarks" / "forced_algorithms.py")
     forced_algorithms = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(forced_algorithms)
     out = tmp_path / "sweep.json"
