@@ -146,6 +146,29 @@ def test_gemm_tiles_that_span_taps(dtype, channels, groups, stride):
     assert_matches_ref(out, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
+# The fused kernel skips the rows of the pitched output gradient between rows
+# of windows (window_line_starts): zeros that would multiply the input there.
+# An infinity or NaN in the input's last row and column (and 3-D: its last
+# slice), which the first tap along each axis never reads, would otherwise put
+# NaN into that tap's gradient, over several samples and both layouts.
+@pytest.mark.parametrize("value", [float("inf"), float("nan")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("data_format", ["NXC", "NCX"])
+@pytest.mark.parametrize("size", [(6, 8), (4, 5, 6)], ids=["2d", "3d"])
+def test_gemm_keeps_non_finite_inputs_to_the_taps_that_read_them(value, dtype, data_format, size):
+    x = rand(data_shape(3, 5, size, data_format), dtype, seed=51)
+    last = tuple(s - 1 for s in size)
+    x[(1, *last, 2) if data_format == "NXC" else (1, 2, *last)] = value
+    dy = rand(data_shape(3, 4, size, data_format), dtype, seed=52)
+    shape = [4, 5] + [3] * len(size)
+    attributes = dict(pads_begin=1, pads_end=1, data_format=data_format, filter_format="OIX")
+    result, ran = run("gemm", x, dy, shape, attributes)
+    assert ran == "gemm"
+    expected = REF.conv_backprop_filters(x, dy, shape, **attributes)
+    assert expected[:, 2, 0].isfinite().all() and not expected[:, 2, 1:].isfinite().all()
+    assert_non_finite_where_expected(result, expected)
+
+
 # A stem's few channels on interleaved stride-2 phases: each 6-row tile of A
 # is two taps' three channels, adjacent in memory, packed a row at a time
 # (on AVX2 as a whole vector, whose lanes past the row the next row

@@ -78,16 +78,20 @@ Split choose_split(const Build& build, int64_t tiles_m, int64_t tiles_o, int64_t
 
 void tap_products(TapElement element, const void* a, int64_t lda, const void* b, int64_t ldb, int64_t rows,
                   const int64_t* offsets, int64_t taps, int64_t channels_a, int64_t channels_b, float* out,
-                  bool accumulate, int64_t a_channel_stride, int64_t a_positions,
-                  int64_t b_channel_stride) {
+                  bool accumulate, int64_t a_channel_stride, int64_t a_positions, int64_t b_channel_stride,
+                  const WindowLines& lines) {
   const int64_t m = taps * channels_a;
   if (m == 0 || channels_b == 0) return;
   if (rows == 0) {
     if (!accumulate) std::fill(out, out + m * channels_b, 0.0f);
     return;
   }
-  const kernel::Args args{element, a, lda, b, ldb, rows, offsets, taps, channels_a, channels_b, out, accumulate,
-                          a_channel_stride, a_positions, b_channel_stride};
+  const int64_t from_row_0 = 0;  // without lines, every row as one
+  const bool lined = lines.count > 0;
+  const kernel::Args args{element, a, lda, b, ldb, offsets, taps, channels_a, channels_b, out, accumulate,
+                          a_channel_stride, a_positions, b_channel_stride,
+                          lined ? lines.starts : &from_row_0, lined ? lines.count : 1,
+                          lined ? lines.length : rows, lined && lines.b_compact};
   TORCH_INTERNAL_ASSERT(cpu_runs_avx2_kernels(), "tap_products runs on AVX2 CPUs only");
   TORCH_INTERNAL_ASSERT(b_channel_stride == 1 || (ldb == 1 && cpu_is_avx512()),
                         "channels-first B: unit rows, on the AVX-512 build");

@@ -11,6 +11,19 @@ namespace torch_convgrad {
 // What a and b hold; the products are computed in float32 whatever it is.
 enum class TapElement { Float, Half, BFloat16 };
 
+// The rows a product sums over where not all of them hold windows (a pitched
+// layout's rows between lines of windows hold zeros): `count` lines of
+// `length` rows, line k from row starts[k] (increasing, at least `length`
+// apart). The default, no lines, stands for all rows.
+// With `b_compact`, b holds those rows only, one after another: its row v
+// is the v-th of the lines' rows (the output gradient read in place, a
+// window a row, where a has the planes' pitch).
+struct WindowLines {
+  const int64_t* starts = nullptr;
+  int64_t count = 0, length = 0;
+  bool b_compact = false;
+};
+
 // out[t][c][o] (+)= sum_{r < rows} a[offsets[t] + r * lda + c * a_channel_stride]
 //                                  * b[r * ldb + o * b_channel_stride]
 // for t < taps, c < channels_a, o < channels_b: a is row-major with row stride
@@ -20,14 +33,15 @@ enum class TapElement { Float, Half, BFloat16 };
 // them (offsets may be negative: padding). b is row-major with
 // ldb >= channels_b (b_channel_stride 1), or channels-first with unit rows
 // (ldb 1; AVX-512 CPUs only), out is contiguous (taps, channels_a,
-// channels_b). `accumulate` false overwrites out, true adds to it. Each
-// element is summed over r in increasing order, so the result does not depend
+// channels_b). `accumulate` false overwrites out, true adds to it. With
+// `lines`, r runs over their rows only (all below `rows`), skipping the rest.
+// Each element is summed over r in increasing order, so the result does not depend
 // on the thread count. a and b hold `element`s, read as float32; out is
 // float32. AVX2 CPUs only (cpu_runs_avx2_kernels()).
 void tap_products(TapElement element, const void* a, int64_t lda, const void* b, int64_t ldb, int64_t rows,
                   const int64_t* offsets, int64_t taps, int64_t channels_a, int64_t channels_b, float* out,
                   bool accumulate, int64_t a_channel_stride = 1, int64_t a_positions = 0,
-                  int64_t b_channel_stride = 1);
+                  int64_t b_channel_stride = 1, const WindowLines& lines = {});
 
 // dst[r * dst_ld + c] = src[c * src_ld + r] for c < columns, r < rows:
 // channels-first data laid out as the rows tap_products reads. Elements of

@@ -1,7 +1,9 @@
 // The tap-product kernel behind tap_products (tap_gemm.h):
 //
-//   out[t][c][o] (+)= sum_{r < rows} a[offsets[t] + r * lda + c * a_channel_stride]
-//                                  * b[r * ldb + o * b_channel_stride]
+//   out[t][c][o] (+)= sum_r a[offsets[t] + r * lda + c * a_channel_stride]
+//                           * b[r * ldb + o * b_channel_stride]
+//
+// over the rows r of the product's lines of windows (WindowLines, tap_gemm.h).
 //
 // Taps and channels of A flatten into one axis m = t * channels_a + c, so out
 // is one (m, o) matrix and every tap shares the loads of B. A and B hold
@@ -26,7 +28,6 @@ struct Args {
   int64_t lda;
   const void* b;
   int64_t ldb;
-  int64_t rows;
   const int64_t* offsets;
   int64_t taps, channels_a, channels_b;
   float* out;  // (taps * channels_a, channels_b), row stride channels_b
@@ -34,12 +35,18 @@ struct Args {
   int64_t a_channel_stride;  // between A's channels (1: row-major)
   int64_t a_positions;       // channels-first rows' positions, zero outside (0: unbounded)
   int64_t b_channel_stride;  // between B's channels (1: row-major; else channels-first, ldb 1)
+  // The rows summed over: line_count lines of line_length rows, line k from
+  // row line_starts[k] (WindowLines, tap_gemm.h; all rows as one line).
+  const int64_t* line_starts;
+  int64_t line_count, line_length;
+  bool b_compact;  // B holds the lines' rows only, one after another
 };
 
 // Computes out[m][o] for m in [m_begin, m_end), o in [o_begin, o_end) (m_begin
 // and o_begin multiples of the build's tile, kTileM values of m by kTileO of
-// o) over all rows, `chunk_rows` at a time, reading A through a float32 copy
-// with `pack_a` (always for f16/bf16). Every element is summed over r in
+// o) over the lines' rows, `chunk_rows` of them at a time (a chunk's slabs
+// and packed A hold only those rows), reading A through a float32 copy with
+// `pack_a` (always for f16/bf16). Every element is summed over r in
 // increasing order, one fused multiply-add per row, whatever the block and
 // the build.
 //
@@ -172,14 +179,21 @@ static_assert(kTileO == 2 * kLanes, "a tile's row of B is two vectors");
 // where it converts fewer (the AVX-512 build).
 constexpr bool kConvertsRegion = kLanes == 8;
 
-// out[i][j] (+)= sum_{r < rows} a[i][r * lda] * slab[r][j] for i < kM,
-// j < width (<= kTileO); `zero` starts from 0 instead of out. B is read from
+// Rows of A that a tile reads in a row of its slab, `length` of them from
+// row `offset` (of A's rows from a[i]).
+struct Segment {
+  int64_t offset, length;
+};
+
+// out[i][j] (+)= sum_r a[i][row(r) * lda] * slab[r][j] for i < kM, j < width
+// (<= kTileO), where slab row r is A's row row(r): the segments' rows in
+// order; `zero` starts from 0 instead of out. B is read from
 // a copy, slab[r][j] = B's element (r, o0 + j) for j < width and 0 beyond,
 // kTileO floats a row: contiguous rows, so a chunk of them stays in L1 (rows
 // of b itself, ldb apart, collide in L1's sets) while the tiles of every m
 // pass over it, and a tile needs no masked loads.
-using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo,
-                        int64_t width, bool zero);
+using TileFn = void (*)(const float* const* a, int64_t lda, const float* slab, const Segment* segments,
+                        int64_t segment_count, float* out, int64_t ldo, int64_t width, bool zero);
 
 // How a tile finds its rows of A. Twelve row pointers do not fit x86-64's
 // registers beside the loop's own: GCC spilled them to vector registers and
@@ -199,8 +213,8 @@ enum class RowsOfA { Listed, Consecutive, Spaced };
 // latency, with registers left for B and the broadcast. kPartial: out's last
 // vector has fewer than kLanes columns and is read and written under a mask.
 template <int kM, int kVectors, bool kPartial, RowsOfA kRows>
-void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, float* out, int64_t ldo, int64_t width,
-          bool zero) {
+void tile(const float* const* a, int64_t lda, const float* slab, const Segment* segments, int64_t segment_count,
+          float* out, int64_t ldo, int64_t width, bool zero) {
   const LaneMask mask = first_lanes(kPartial ? width - kLanes * (kVectors - 1) : kLanes);
   Vector acc[kM][kVectors];
   const float* rows_a[kM];
@@ -216,26 +230,29 @@ void tile(const float* const* a, int64_t lda, const float* slab, int64_t rows, f
   // Spaced: every third row's pointer; the others a spacing or two on.
   constexpr int kBases = (kM + 2) / 3;
   const int64_t spacing = kRows == RowsOfA::Spaced && kM > 1 ? a[1] - a[0] : 0;
-  const float* bases[kBases];
+  for (const Segment* segment = segments; segment != segments + segment_count; ++segment) {
+    const int64_t start = segment->offset * lda;
+    const float* bases[kBases];
 #pragma GCC unroll 4
-  for (int k = 0; k < kBases; ++k) bases[k] = a[0] + 3 * k * spacing;
-  const float* row_a = a[0];
-  for (int64_t r = 0, ar = 0; r < rows; ++r, ar += lda, row_a += lda, slab += kTileO) {
-    Vector bv[kVectors];
+    for (int k = 0; k < kBases; ++k) bases[k] = a[0] + 3 * k * spacing + start;
+    const float* row_a = a[0] + start;
+    for (int64_t r = 0, ar = start; r < segment->length; ++r, ar += lda, row_a += lda, slab += kTileO) {
+      Vector bv[kVectors];
 #pragma GCC unroll 2
-    for (int v = 0; v < kVectors; ++v) bv[v] = load(slab + kLanes * v);
+      for (int v = 0; v < kVectors; ++v) bv[v] = load(slab + kLanes * v);
 #pragma GCC unroll 16
-    for (int i = 0; i < kM; ++i) {
-      const float* element = kRows == RowsOfA::Consecutive ? row_a + i
-                             : kRows == RowsOfA::Spaced    ? bases[i / 3] + i % 3 * spacing
-                                                           : rows_a[i] + ar;
-      const Vector x = broadcast(element);
+      for (int i = 0; i < kM; ++i) {
+        const float* element = kRows == RowsOfA::Consecutive ? row_a + i
+                               : kRows == RowsOfA::Spaced    ? bases[i / 3] + i % 3 * spacing
+                                                             : rows_a[i] + ar;
+        const Vector x = broadcast(element);
 #pragma GCC unroll 2
-      for (int v = 0; v < kVectors; ++v) acc[i][v] = fma(x, bv[v], acc[i][v]);
-    }
-    if constexpr (kRows == RowsOfA::Spaced)
+        for (int v = 0; v < kVectors; ++v) acc[i][v] = fma(x, bv[v], acc[i][v]);
+      }
+      if constexpr (kRows == RowsOfA::Spaced)
 #pragma GCC unroll 4
-      for (int k = 0; k < kBases; ++k) bases[k] += lda;
+        for (int k = 0; k < kBases; ++k) bases[k] += lda;
+    }
   }
 #pragma GCC unroll 16
   for (int i = 0; i < kM; ++i)
@@ -418,6 +435,15 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const bool b_channels_first = args.b_channel_stride != 1;
   const int64_t slabs = (o_end - o_begin + kTileO - 1) / kTileO;
   const int64_t tiles = (m_end - m_begin + kTileM - 1) / kTileM;
+  // Chunks of chunk_rows of the lines' rows (the last shorter): the chunk from
+  // the v-th of them spans the rows from row_of(v) to its last row's.
+  const int64_t window_rows = args.line_count * args.line_length;
+  const auto row_of = [&](int64_t v) { return args.line_starts[v / args.line_length] + v % args.line_length; };
+  const auto span_of = [&](int64_t v) {
+    return v >= window_rows ? 0 : row_of(std::min(v + chunk_rows, window_rows) - 1) - row_of(v) + 1;
+  };
+  int64_t most_span = 0;
+  for (int64_t v = 0; v < window_rows; v += chunk_rows) most_span = std::max(most_span, span_of(v));
   LineAlignedBuffer<float> packed_b(slabs * chunk_rows * kTileO);
   std::vector<const T*> a(tiles * kTileM);        // this chunk's first row of each m in A
   std::vector<const float*> a_tiles(tiles * kTileM);  // the same rows as the tiles read them
@@ -430,7 +456,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const int64_t highest = *std::max_element(args.offsets + first_tap, args.offsets + last_tap + 1);
   const T* const ahead = a_data + std::max<int64_t>(highest, 0);
   // Runs: each channel's positions that a chunk's taps read, as float32.
-  const int64_t run_pitch = always_runs || bounded ? (chunk_rows - 1) * args.lda + highest - lowest + 1 : 0;
+  const int64_t run_pitch = always_runs || bounded ? (most_span - 1) * args.lda + highest - lowest + 1 : 0;
   LineAlignedBuffer<float> runs((channel_end - channel_begin) * run_pitch);
   // Where each m reads A in the chunk's first row, from the chunk's first
   // row: in A, and in the runs.
@@ -459,7 +485,7 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   const int64_t region_width = end_column - first_column;
   // Row pitches of a multiple of 2 KiB alias in L1 and L2 (kAliasingLda, tap_gemm.cpp).
   const int64_t region_pitch = region_width % 512 == 0 ? region_width + 16 : region_width;
-  const int64_t region_elements = (chunk_rows + most_rows) * region_width;
+  const int64_t region_elements = (most_span + most_rows) * region_width;
   const int64_t packed_elements = (m_end - m_begin) * chunk_rows;
   converts_region = converts_region && (kConvertsRegion ? region_elements <= packed_elements
                                                         : !std::is_same_v<T, float> &&
@@ -472,35 +498,55 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
   };
   const bool a_to_l2 = !pack_a && !converts_region && !bounded && outgrows_slab(channel_end - channel_begin);
   const bool b_to_l2 = outgrows_slab(o_end - o_begin);
-  LineAlignedBuffer<float> region(converts_region ? (chunk_rows + most_rows) * region_pitch : 0);
+  LineAlignedBuffer<float> region(converts_region ? (most_span + most_rows) * region_pitch : 0);
   // Where each m reads the region in its row 0, the same for every chunk.
   std::vector<int64_t> region_offsets(converts_region ? m_end - m_begin : 0);
   for (size_t i = 0; i < region_offsets.size(); ++i) {
     const int64_t from_lowest = m_offsets[i] - lowest;
     region_offsets[i] = from_lowest / args.lda * region_pitch + from_lowest % args.lda - first_column;
   }
-  for (int64_t r0 = 0; r0 < args.rows; r0 += chunk_rows) {
-    const int64_t rows = std::min(chunk_rows, args.rows - r0);
-    const bool zero = r0 == 0 && !args.accumulate;
+  // The chunk's lines (or parts of them), as rows from its first.
+  std::vector<Segment> segments;
+  for (int64_t v0 = 0; v0 < window_rows; v0 += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, window_rows - v0);
+    // The chunk spans rows [r0, r0 + span) of A and B.
+    const int64_t r0 = row_of(v0), span = span_of(v0);
+    segments.clear();
+    for (int64_t v = v0; v < v0 + rows;) {
+      const int64_t within = v % args.line_length, length = std::min(args.line_length - within, v0 + rows - v);
+      segments.push_back({args.line_starts[v / args.line_length] + within - r0, length});
+      v += length;
+    }
+    const bool zero = v0 == 0 && !args.accumulate;
+    // B's row of the chunk's r-th row, the segment's i-th.
+    const auto b_row = [&](const Segment& segment, int64_t i, int64_t r) {
+      return args.b_compact ? v0 + r : r0 + segment.offset + i;
+    };
+    // The segments' rows of B, one after another in the slabs.
 #ifdef CPU_CAPABILITY_AVX512
     if (b_channels_first)
       for (int64_t slab = 0; slab < slabs; ++slab) {
         const int64_t o0 = o_begin + slab * kTileO;
-        transpose_into_slab(b_data + o0 * args.b_channel_stride + r0, args.b_channel_stride,
-                            std::min(kTileO, o_end - o0), rows, packed_b.data() + slab * rows * kTileO);
+        for (int64_t r = 0; const Segment& segment : segments) {
+          transpose_into_slab(b_data + o0 * args.b_channel_stride + b_row(segment, 0, r), args.b_channel_stride,
+                              std::min(kTileO, o_end - o0), segment.length,
+                              packed_b.data() + (slab * rows + r) * kTileO);
+          r += segment.length;
+        }
       }
     else
 #endif
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* source = b_data + (r0 + r) * args.ldb;
-        for (int64_t slab = 0; slab < slabs; ++slab) {
-          const int64_t o0 = o_begin + slab * kTileO;
-          convert_slab_row(source + o0, std::min(kTileO, o_end - o0), packed_b.data() + (slab * rows + r) * kTileO);
+      for (int64_t r = 0; const Segment& segment : segments)
+        for (int64_t i = 0; i < segment.length; ++i, ++r) {
+          const T* source = b_data + b_row(segment, i, r) * args.ldb;
+          for (int64_t slab = 0; slab < slabs; ++slab) {
+            const int64_t o0 = o_begin + slab * kTileO;
+            convert_slab_row(source + o0, std::min(kTileO, o_end - o0), packed_b.data() + (slab * rows + r) * kTileO);
+          }
         }
-      }
     int64_t lda = args.lda;
     // The positions the chunk reads, from `first` on.
-    const int64_t first = r0 * args.lda + lowest, count = (rows - 1) * args.lda + highest - lowest + 1;
+    const int64_t first = r0 * args.lda + lowest, count = (span - 1) * args.lda + highest - lowest + 1;
     const bool chunk_runs = always_runs || (bounded && (first < 0 || first + count > args.a_positions));
     if (!chunk_runs)
       for (int64_t i = 0; i < m_end - m_begin; ++i) a[i] = a_data + m_offsets[i] + r0 * args.lda;
@@ -516,8 +562,8 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
     } else if (converts_region) {
       // Region element (q, column) is A's element at `from`; elements outside [begin, end) are not read.
       const int64_t from = r0 * args.lda + lowest + first_column;
-      const int64_t begin = r0 * args.lda + least_offset, end = (r0 + rows - 1) * args.lda + most_offset + 1;
-      for (int64_t q = 0; q < rows + most_rows; ++q) {
+      const int64_t begin = r0 * args.lda + least_offset, end = (r0 + span - 1) * args.lda + most_offset + 1;
+      for (int64_t q = 0; q < span + most_rows; ++q) {
         const int64_t row_from = from + q * args.lda;
         const int64_t lo = std::clamp<int64_t>(begin - row_from, 0, region_width);
         const int64_t hi = std::clamp<int64_t>(end - row_from, lo, region_width);
@@ -549,21 +595,22 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
         // ran 1.32-1.47x as fast so, the benchmark's gemm layers 0.97-1.08x
         // (bf16 and f16, 2 threads, interleaved).
         static_assert(kTileM <= kLanes && kTileM % 2 == 0, "a row of a tile is one vector's pairs");
-        for (int64_t r = 0; r < rows; ++r, target += kTileM) {
-          if constexpr (!std::is_same_v<T, float>)
-            if (contiguous) {
-              const Vector row = load_as_float(source[0] + r * args.lda, kTileM);
-              if constexpr (kLanes == 8)
-                store(target, row);
-              else
-                store(target, first_lanes(kTileM), row);
-              continue;
-            }
-          if (contiguous)
-            for (int64_t i = 0; i < kTileM; ++i) target[i] = to_float(source[0][r * args.lda + i]);
-          else
-            for (int64_t i = 0; i < height; ++i) target[i] = to_float(source[i][r * args.lda]);
-        }
+        for (const Segment& segment : segments)
+          for (int64_t r = segment.offset; r < segment.offset + segment.length; ++r, target += kTileM) {
+            if constexpr (!std::is_same_v<T, float>)
+              if (contiguous) {
+                const Vector row = load_as_float(source[0] + r * args.lda, kTileM);
+                if constexpr (kLanes == 8)
+                  store(target, row);
+                else
+                  store(target, first_lanes(kTileM), row);
+                continue;
+              }
+            if (contiguous)
+              for (int64_t i = 0; i < kTileM; ++i) target[i] = to_float(source[0][r * args.lda + i]);
+            else
+              for (int64_t i = 0; i < height; ++i) target[i] = to_float(source[i][r * args.lda]);
+          }
         for (int64_t i = 0; i < height; ++i)
           a_tiles[tile * kTileM + i] = packed_a.data() + tile * chunk_rows * kTileM + i;
       }
@@ -571,22 +618,32 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
     } else if constexpr (std::is_same_v<T, float>) {
       std::copy(a.begin(), a.end(), a_tiles.begin());
     }
-    const int64_t next_rows = std::min(chunk_rows, std::max<int64_t>(0, args.rows - r0 - chunk_rows));
-    RowRuns next_chunk(r0 + rows, next_rows, slabs * tiles);
+    // Packed A holds the segments' rows one after another, as the slabs do.
+    const Segment packed_rows{0, rows};
+    const Segment* const tile_segments = pack_a ? &packed_rows : segments.data();
+    const int64_t tile_segment_count = pack_a ? 1 : static_cast<int64_t>(segments.size());
+    // The rows of A, and of B, that the next chunk spans.
+    const int64_t next_begin = v0 + rows < window_rows ? row_of(v0 + rows) : 0, next_span = span_of(v0 + rows);
+    const int64_t next_end = next_begin + next_span;
+    const int64_t next_b_begin = args.b_compact ? v0 + rows : next_begin;
+    const int64_t next_b_end = args.b_compact ? std::min(v0 + rows + chunk_rows, window_rows) : next_end;
+    RowRuns next_chunk(next_begin, next_span, slabs * tiles);
+    RowRuns next_chunk_b(next_b_begin, next_b_end - next_b_begin, slabs * tiles);
     // Channels-first operands: a few channels' whole runs of the next chunk a tile.
     RowRuns next_channels_a(channel_begin, channel_end - channel_begin, slabs * tiles);
     RowRuns next_channels_b(o_begin, o_end - o_begin, slabs * tiles);
-    const int64_t next_begin = r0 + rows, next_end = r0 + rows + next_rows;
     for (int64_t slab = 0; slab < slabs; ++slab) {
       const int64_t o0 = o_begin + slab * kTileO, width = std::min(kTileO, o_end - o0);
       for (int64_t tile = 0; tile < tiles; ++tile) {
         const auto [row_begin, row_end] = next_chunk.next();
+        const auto [b_row_begin, b_row_end] = next_chunk_b.next();
         const auto [a_channels_begin, a_channels_end] = next_channels_a.next();
         const auto [b_channels_begin, b_channels_end] = next_channels_b.next();
         if (b_channels_first)
-          prefetch_rows(b_data, args.b_channel_stride, b_channels_begin, b_channels_end, next_begin, next_end, b_to_l2);
+          prefetch_rows(b_data, args.b_channel_stride, b_channels_begin, b_channels_end, next_b_begin, next_b_end,
+                        b_to_l2);
         else
-          prefetch_rows(b_data, args.ldb, row_begin, row_end, o_begin, o_end, b_to_l2);
+          prefetch_rows(b_data, args.ldb, b_row_begin, b_row_end, o_begin, o_end, b_to_l2);
         if (args.a_channel_stride == 1)
           prefetch_rows(ahead, args.lda, row_begin, row_end, channel_begin, channel_end, a_to_l2);
         else
@@ -594,8 +651,9 @@ void block_of(const Args& args, int64_t m_begin, int64_t m_end, int64_t o_begin,
                         next_end * args.lda, a_to_l2);
         const int64_t m0 = m_begin + tile * kTileM, height = std::min(kTileM, m_end - m0);
         const float* const* tile_a = a_tiles.data() + tile * kTileM;
-        pick_tile(tile_a, height, width)(tile_a, lda, packed_b.data() + slab * rows * kTileO, rows,
-                                         args.out + m0 * args.channels_b + o0, args.channels_b, width, zero);
+        pick_tile(tile_a, height, width)(tile_a, lda, packed_b.data() + slab * rows * kTileO, tile_segments,
+                                         tile_segment_count, args.out + m0 * args.channels_b + o0, args.channels_b,
+                                         width, zero);
       }
     }
   }
