@@ -122,6 +122,25 @@ bool onednn_takes_bf16(bool channels_last, int64_t groups, c10::IntArrayRef kern
 // Whether ATen takes the data as channels-last (by its channel stride alone).
 bool is_channels_last(const at::Tensor& ncx) { return ncx.dim() < 3 || ncx.stride(1) == 1 || ncx.size(1) == 1; }
 
+// Whether ATen gets a CPU problem's input subsampled by its strides, at
+// stride 1: a 1x1 kernel with a stride on channels-last data. oneDNN's weight
+// gradient returned wrong entries for such problems now and then, and right
+// ones on the next call with the same data (torch 2.13, oneDNN 3.12; Zen 3,
+// 2026-12-05): 18 of 465 random small 2-D float32 problems with a stride of 2
+// or 3 along some axis, bf16 too, and none of 54 unstrided 1x1 ones or of 902
+// with 2x2 or 3x3 kernels, strided or not. Found by `make fuzz`, through the
+// channels-first data that `aten_channels_last` copies. On channels-first
+// data oneDNN got them right.
+bool subsamples_for_onednn(const Problem& problem, const at::Tensor& input) {
+  if (!input.is_cpu() || !is_channels_last(input)) return false;
+  bool strided = false;
+  for (int64_t axis = 0; axis < problem.spatial_rank(); ++axis) {
+    if (problem.kernel_size[axis] != 1) return false;
+    strided |= problem.stride[axis] > 1;
+  }
+  return strided;
+}
+
 // Whether oneDNN runs bf16 on the CPU's own bf16 products (AVX-512 BF16's
 // dot products or AMX tiles). Without them it emulates them: on an Intel
 // Xeon without either (Cascade Lake, AVX-512 VNNI; torch 2.13, 2026-11-27)
@@ -257,18 +276,36 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
   // 0.5-0.7x of the glue on an H100, and at 0.45x (NXC) and 0.55x (NCX) on a
   // Sapphire Rapids CPU in float32.
   const bool keep_unreached_input = input.is_cuda() || problem.spatial_rank() > 1;
-  const auto reach = problem.window_reach();
+  auto reach = problem.window_reach();
+  auto pad_begins = problem.pad_begin;
+  auto stride = symint_vector(problem.stride);
   const int64_t rank = problem.spatial_rank();
+  if (subsamples_for_onednn(problem, input)) {
+    // A 1x1 kernel's window j reads input position j * s - pad_begin: the
+    // windows that read the input, and the positions they read, at stride 1.
+    for (int64_t axis = 0; axis < rank; ++axis) {
+      const int64_t s = problem.stride[axis], pad = pad_begins[axis].expect_int(), size = input.size(2 + axis);
+      const int64_t first = (pad + s - 1) / s;
+      const int64_t windows = std::min(grad_output.size(2 + axis), (size - 1 + pad) / s + 1) - first;
+      if (windows <= 0) return at::zeros_symint(problem.canonical_shape(), input.options());
+      const int64_t from = first * s - pad;
+      input = input.slice(2 + axis, from, from + (windows - 1) * s + 1, s);
+      grad_output = grad_output.narrow(2 + axis, first, windows);
+      reach[axis] = windows;
+      pad_begins[axis] = 0;
+      stride[axis] = 1;
+    }
+  }
   std::vector<c10::SymInt> padding(rank), excess_begin(rank), excess_end(rank);
   bool padding_only_tap = false, input_within_kernel = false, misread_3d = false;
   for (int64_t axis = 0; axis < rank; ++axis) {
-    const c10::SymInt& pad_begin = problem.pad_begin[axis];
+    const c10::SymInt& pad_begin = pad_begins[axis];
     const c10::SymInt size = input.sym_size(2 + axis);
     const c10::SymInt used = size.min(reach[axis] - pad_begin);  // the input windows read
     // With pad_begin on both sides, ATen makes the problem's windows from
     // reach - 2 * pad_begin input elements, or up to stride - 1 more.
     const c10::SymInt fewest = reach[axis] - pad_begin * 2;
-    const c10::SymInt most = fewest + problem.stride[axis] - 1;
+    const c10::SymInt most = fewest + stride[axis] - 1;
     if (size >= fewest && most >= used) {
       const c10::SymInt kept = keep_unreached_input ? size.min(most) : used;
       if (kept != size) input = input.narrow_symint(2 + axis, 0, kept);
@@ -286,7 +323,7 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
                                   problem.dilated_kernel_size(axis).expect_int());
     padding_only_tap |= has_padding_only_tap(used.expect_int(), pad_begin.expect_int(),
                                              grad_output.sym_size(2 + axis).expect_int(),
-                                             problem.kernel_size[axis].expect_int(), problem.stride[axis],
+                                             problem.kernel_size[axis].expect_int(), stride[axis].expect_int(),
                                              problem.dilation[axis]);
   }
   if (padding_only_tap || materialises_padding(input, rank, misread_3d, input_within_kernel)) {
@@ -299,7 +336,6 @@ at::Tensor aten_canonical(const Problem& problem, at::Tensor input, at::Tensor g
   if (!all_zero(excess_begin) || !all_zero(excess_end))
     input = zero_padded(input, memory_to_ncx, excess_begin, excess_end);
 
-  auto stride = symint_vector(problem.stride);
   auto dilation = symint_vector(problem.dilation);
   // A one-tap axis's dilation changes nothing but oneDNN's kernel, whose bf16
   // grouped one it breaks (onednn_takes_bf16, which counts only longer axes).
