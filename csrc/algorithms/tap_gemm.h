@@ -35,9 +35,9 @@ struct WindowLines {
 // (ldb 1; AVX-512 CPUs only), out is contiguous (taps, channels_a,
 // channels_b). `accumulate` false overwrites out, true adds to it. With
 // `lines`, r runs over their rows only (all below `rows`), skipping the rest.
-// Each element is summed over r in increasing order, so the result does not depend
-// on the thread count. a and b hold `element`s, read as float32; out is
-// float32. AVX2 CPUs only (cpu_runs_avx2_kernels()).
+// Each element is summed over r in increasing order, so the result does not
+// depend on the thread count. a and b hold `element`s, read as float32; out
+// is float32. AVX2 CPUs only (cpu_runs_avx2_kernels()).
 void tap_products(TapElement element, const void* a, int64_t lda, const void* b, int64_t ldb, int64_t rows,
                   const int64_t* offsets, int64_t taps, int64_t channels_a, int64_t channels_b, float* out,
                   bool accumulate, int64_t a_channel_stride = 1, int64_t a_positions = 0,
