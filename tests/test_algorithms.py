@@ -1867,7 +1867,7 @@ def test_cascade_lake_picks(data_format, dtype, c, o, size, kernel, attributes, 
 # 23.6-24.7) and DCGAN's channels-first layers (18.3-24.5 against 21.6-27.9); MKL's product
 # (matmul) for the stride-2 1x1 channels-last f32 layer (15.1-17.3 against gemm's 19.0-25.8), but
 # gemm in bf16 there (matmul copies bf16 to float32 first) and on the 1x1 1024 -> 256 f32 layer
-# (tied).
+# (tied; on 2026-12-05, interleaved in one process, 5.62-6.01 ms against MKL's 5.45-5.87).
 AVX2_PICKS = [
     # (layer name's start, layout, dtype, pick)
     ("audio 1-D", "NCX", "f32", "gemm"),
@@ -1879,6 +1879,8 @@ AVX2_PICKS = [
     ("resnet50 1x1 s2", "NXC", "f32", "matmul"),
     ("resnet50 1x1 s2", "NXC", "bf16", "gemm"),
     ("resnet50 1x1 1024->256", "NXC", "f32", "gemm"),
+    ("resnet50 1x1 1024->256", "NXC", "bf16", "gemm"),
+    ("resnet50 1x1 64->256", "NXC", "f32", "aten"),
 ]
 
 
@@ -1977,7 +1979,14 @@ AVX2_DEPTHWISE_PICKS = [
 # 1024 -> 2048: 12.2-17.2 against 16.7-25.7 and 15.3-25.3); ResNet-50's 3x3
 # layer on 7x7 maps, channels-last f32, to the fused kernel since it skips the
 # pitch's rows (19.1 against oneDNN's 22.1; before, 21.1-30.4 against
-# 26.5-48.1, when the model counted those rows and picked oneDNN).
+# 26.5-48.1, when the model counted those rows and picked oneDNN). 1x1
+# expansions on channels-last data, which MKL's product reads in place
+# (f16/bf16 converted), go to it on 14x14 and 7x7 maps (all three algorithms
+# interleaved in one process, 8 rounds: 512 -> 2048 f32 5.96 against gemm's
+# 7.01, bf16 6.39 against 7.07; MobileNetV2's 96 -> 576 f32 1.15 against
+# oneDNN's 1.36 and gemm's 1.26), but bf16 on 14x14 maps stays on the fused
+# kernel (256 -> 1024: 5.89 against 6.13), whose conversion costs nothing,
+# and so do the reductions (2048 -> 512 f32: 5.61 against MKL's 6.45).
 AVX2_SWEEP_PICKS = [
     # (n, c, o, size, kernel, stride, groups, layout, dtype, pick)
     (4, 3, 64, 224, 7, 2, 1, "NXC", torch.float32, "gemm"),
@@ -1985,6 +1994,11 @@ AVX2_SWEEP_PICKS = [
     (8, 128, 128, 28, 3, 1, 4, "NXC", torch.float32, "gemm"),
     (8, 512, 2048, 7, 1, 1, 1, "NCX", torch.bfloat16, "matmul"),
     (8, 1024, 2048, 14, 1, 2, 1, "NCX", torch.bfloat16, "matmul"),
+    (8, 512, 2048, 7, 1, 1, 1, "NXC", torch.float32, "matmul"),
+    (8, 512, 2048, 7, 1, 1, 1, "NXC", torch.bfloat16, "matmul"),
+    (8, 96, 576, 14, 1, 1, 1, "NXC", torch.float32, "matmul"),
+    (8, 256, 1024, 14, 1, 1, 1, "NXC", torch.bfloat16, "gemm"),
+    (8, 2048, 512, 7, 1, 1, 1, "NXC", torch.float32, "gemm"),
 ]
 
 
