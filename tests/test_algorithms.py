@@ -1986,7 +1986,9 @@ AVX2_DEPTHWISE_PICKS = [
 # 7.01, bf16 6.39 against 7.07; MobileNetV2's 96 -> 576 f32 1.15 against
 # oneDNN's 1.36 and gemm's 1.26), but bf16 on 14x14 maps stays on the fused
 # kernel (256 -> 1024: 5.89 against 6.13), whose conversion costs nothing,
-# and so do the reductions (2048 -> 512 f32: 5.61 against MKL's 6.45).
+# and so do the reductions (2048 -> 512 f32: 5.61 against MKL's 6.45); the
+# stride-2 expansions' bf16 down to 7x7 maps go to MKL too (1024 -> 2048:
+# 12.5 against gemm's 15.0), ResNet-50's 256 -> 512 on 56x56 not (tied).
 AVX2_SWEEP_PICKS = [
     # (n, c, o, size, kernel, stride, groups, layout, dtype, pick)
     (4, 3, 64, 224, 7, 2, 1, "NXC", torch.float32, "gemm"),
@@ -1999,6 +2001,7 @@ AVX2_SWEEP_PICKS = [
     (8, 96, 576, 14, 1, 1, 1, "NXC", torch.float32, "matmul"),
     (8, 256, 1024, 14, 1, 1, 1, "NXC", torch.bfloat16, "gemm"),
     (8, 2048, 512, 7, 1, 1, 1, "NXC", torch.float32, "gemm"),
+    (8, 1024, 2048, 14, 1, 2, 1, "NXC", torch.bfloat16, "matmul"),
 ]
 
 

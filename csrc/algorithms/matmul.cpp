@@ -304,22 +304,23 @@ double cost(const Problem& problem, const Geometry& g) {
     // gemm converts panel by panel, matmul took 0.92-1.09 times gemm's time
     // (2026-12-05), and so none of them moves to matmul.
     const double reduced = at::isReducedFloatingType(dtype) ? 0.92 : 1.0;
-    // Where both operands are matrices as they lie (a 1x1 stride-1 layer on
-    // channels-last data: read in place, f16/bf16 only converted) and the
-    // output gradient is the wider, the Zen 3's products ran faster than
-    // that (2026-12-05, 2 threads, algorithms interleaved in one process,
-    // ResNet-50's, MobileNetV2's and ConvNeXt's 1x1 expansions): float32 at
-    // 69-80 GMAC/s with 96 input channels or more, 57-60 with 64 and 46 with
-    // 24; f16/bf16 products of the float32 copies as fast. gemm's fused
-    // kernel, which takes the output gradient as its first operand there
-    // (fused_swaps_operands), ran them at 58-69, so they move to MKL on maps
+    // Where the output gradient is a matrix as it lies (channels-last) and
+    // the wider operand (1x1 expansions), the Zen 3's products ran faster
+    // than that (2026-12-05, 2 threads, algorithms interleaved in one
+    // process, ResNet-50's, MobileNetV2's and ConvNeXt's 1x1 layers):
+    // float32 at 69-80 GMAC/s with 96 input channels or more, 57-60 with 64
+    // and 46 with 24, read in place; f16/bf16 products of float32 copies as
+    // fast, and stride-2 layers' besides their gathers. gemm's fused kernel,
+    // which takes the output gradient as its first operand there
+    // (fused_swaps_operands), ran them at 55-69, so they move to MKL on maps
     // of 28x28 down to 7x7 (float32 1.05-1.2x as fast: 128 -> 512,
     // 256 -> 1024, 512 -> 2048, MobileNetV2's 96 -> 576; bf16 512 -> 2048
-    // 1.11x), where its float32 copies of f16/bf16 cost less than the
-    // products gain. Where the input is the wider (2048 -> 512 on 7x7 maps,
-    // 1024 -> 256 on 14x14), MKL ran 64-75 GMAC/s by run and the fused
-    // kernel 0.9-1.2x as fast as it, so those keep the rate below.
-    if (avx2 && columns <= g.out_channels && windows.is_matrices() && grad_output.is_matrices())
+    // 1.11x, stride 2 512 -> 1024 1.1x, 1024 -> 2048 1.2x), where the copies
+    // of f16/bf16 cost less than the products gain. Where the input is the
+    // wider (2048 -> 512 on 7x7 maps, 1024 -> 256 on 14x14), MKL ran 64-75
+    // GMAC/s by run and the fused kernel 0.9-1.2x as fast as it, so those
+    // keep the rate below.
+    if (avx2 && columns <= g.out_channels && grad_output.is_matrices())
       return 15e-6 + copy_bytes / 8e9 + g.macs() / (72e9 * width_share(columns, 125, 110));
     const double macs_per_second =
         (avx2 ? 55e9 : 95e9) * reduced * width(static_cast<double>(g.out_channels)) * width(columns);
