@@ -308,9 +308,9 @@ at::Tensor run_depthwise_tasks(const Problem& problem, const Geometry& geometry,
     const int64_t acc_size = partials.element_size();
     // Taken a task at a time (tasks.h): channels-first data's tasks, a
     // vector of channels each, outnumber the threads. Against fixed shares,
-    // MobileNetV2's stride-2 and ConvNeXt's channels-first f32 layers ran
-    // 1.11-1.12x as fast with another process busy on one of the two cores,
-    // the stride-2 one 1.2x in one of two runs without; the others 0.97-1.05x
+    // with another process busy on one of the two cores, MobileNetV2's
+    // stride-2 and ConvNeXt's channels-first f32 layers ran 1.11-1.14x as
+    // fast and the others 0.98-1.06x; without it, 0.93-1.17x in two runs
     // (Zen 3, 2 threads, interleaved in one process).
     run_tasks(sample_groups * channel_blocks, [&](int64_t task) {
       const int64_t group = task / channel_blocks;
