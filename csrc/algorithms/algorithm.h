@@ -61,6 +61,8 @@ struct Geometry {
   int64_t taps() const { return kernel[0] * kernel[1] * kernel[2]; }
   // Whether some axis has a stride above 1.
   bool strided() const { return stride[0] * stride[1] * stride[2] > 1; }
+  // Whether the input's rows run along one axis: 1-D, or 2-D of height 1.
+  bool one_axis() const { return in[0] == 1 && in[1] == 1; }
   // Output positions a sample: Y0 * Y1 * Y2.
   int64_t out_positions() const { return out[0] * out[1] * out[2]; }
   // Multiply-adds of the weight gradient: N * Y * O * C/g * K.

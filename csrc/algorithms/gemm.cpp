@@ -331,7 +331,7 @@ double products_macs_per_second(const Geometry& g, bool fused, at::ScalarType dt
   // On the Zen 4 the benchmark's 1-D layer ran at 68 GMAC/s (2026-11-25);
   // every problem whose rows run along one axis (1-D, or 2-D of height 1) is
   // taken to run so.
-  const double one_axis = !amx_cpu && g.in[0] == 1 && g.in[1] == 1 ? 0.8 : 1.0;
+  const double one_axis = !amx_cpu && g.one_axis() ? 0.8 : 1.0;
   // On the Cascade Lake (2026-11-27) the benchmark's 3x3 layers ran at the
   // Zen 4's rates, its 1x1 and strided ones at 0.7-0.9 of them, and those
   // with strides and several taps on channels-first data at 0.55-0.7 (U-Net's,
@@ -1014,7 +1014,7 @@ double cost(const Problem& problem, const Geometry& g) {
   // 9.4 ms channels-first and 9.5 channels-last, 1.8x as fast as oneDNN's
   // 17.6, which the model had tied (f32, 2 threads, interleaved in one
   // process, 2026-12-05).
-  const bool one_axis = g.in[0] == 1 && g.in[1] == 1;
+  const bool one_axis = g.one_axis();
   const auto pack_bytes_per_second = [avx512, one_axis](bool channels_last, bool transposes, bool contiguous_rows) {
     if (!avx512) return (transposes && !one_axis) || !(channels_last || contiguous_rows) ? 3e9 : 6e9;
     if (transposes) return contiguous_rows ? 15e9 : 8e9;

@@ -279,7 +279,7 @@ double cost(const Problem& problem, const Geometry& g) {
     // copies cost less still: ResNet-50's channels-first 1x1 layers ran as
     // fast as their channels-last twins, or faster.
     const bool zen5 = calibration == CpuCalibration::Avx512Bf16Wide;
-    const double zen5_speedup = !zen5 ? 1.0 : g.in[0] == 1 && g.in[1] == 1 ? 1.15 : 1.9;
+    const double zen5_speedup = !zen5 ? 1.0 : g.one_axis() ? 1.15 : 1.9;
     const double macs_per_second =
         zen5_speedup * 160e9 * width(static_cast<double>(g.out_channels / g.groups)) * width(columns);
     return 15e-6 + copy_bytes / (zen5 ? 100e9 : 30e9) + g.macs() / macs_per_second;
