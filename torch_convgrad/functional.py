@@ -27,16 +27,27 @@ __all__ = [
 IntOrInts = Union[int, Sequence[int]]
 Shape = Union[Tensor, Sequence[int]]
 
-_ops = torch.ops.torch_convgrad
+# The ops' overloads, called directly: the packet's __call__ adds a Python
+# frame to every call.
+_filters = torch.ops.torch_convgrad.conv_backprop_filters.default
+_weights = torch.ops.torch_convgrad.conv_backprop_weights.default
+_transpose_filters = torch.ops.torch_convgrad.conv_transpose_backprop_filters.default
 
 
 def _spatial_rank(data: Tensor) -> int:
-    # A tensor of bad rank gets an empty list here; the op rejects its rank first.
-    return max(data.dim() - 2, 0) if isinstance(data, Tensor) else 0
+    # Negative for a tensor of bad rank, whose per-axis lists come out empty
+    # ([v] * -1); the op rejects its rank first.
+    return data.dim() - 2 if isinstance(data, Tensor) else 0
 
 
 def _is_int_list(value) -> bool:
-    return type(value) is list and all(type(item) is int for item in value)
+    # A loop, not all() over a generator: half the time on a filter shape.
+    if type(value) is not list:
+        return False
+    for item in value:
+        if type(item) is not int:
+            return False
+    return True
 
 
 def _ints(value, name: str) -> list:
@@ -52,10 +63,10 @@ def _per_axis(value: Optional[IntOrInts], rank: int, name: str) -> Optional[list
     """An int means that value on every spatial axis; None means the default."""
     # The common forms first, checked by exact type: cheap per call, and
     # traced by every supported dynamo without an exception probe.
-    if value is None or _is_int_list(value):
-        return value
     if type(value) is int:
         return [value] * rank
+    if value is None or _is_int_list(value):
+        return value
     if not isinstance(value, (bool, list, tuple)):
         try:
             return [operator.index(value)] * rank  # SymInt, numpy integer, 0-d integer tensor
@@ -66,6 +77,8 @@ def _per_axis(value: Optional[IntOrInts], rank: int, name: str) -> Optional[list
 
 def _shape(shape: Optional[Shape], name: str) -> list:
     """The spec's shape input: a 1-D integer tensor (s32 in the spec) or a sequence of ints."""
+    if _is_int_list(shape):
+        return shape
     if shape is None:
         raise ValueError(f"{name}: expected the filter shape (a 1-D integer tensor or a sequence of ints), got None")
     if isinstance(shape, Tensor):
@@ -141,7 +154,7 @@ def conv_backprop_filters(
         >>> dw.shape                                  # XIO
         torch.Size([3, 3, 16, 64])
     """
-    return _ops.conv_backprop_filters(
+    return _filters(
         input_forward,
         output_delta,
         _shape(filter_shape, "filter_shape"),
@@ -183,7 +196,7 @@ def conv_backprop_weights(
         ...                       weights_format="OIX").shape
         torch.Size([6, 3, 3, 3])
     """
-    return _ops.conv_backprop_weights(
+    return _weights(
         src,
         diff_dst,
         _shape(weights_shape, "weights_shape"),
@@ -234,7 +247,7 @@ def conv_transpose_backprop_filters(
         ...                                 pads_begin=1, pads_end=1).shape
         torch.Size([4, 4, 32, 16])
     """
-    return _ops.conv_transpose_backprop_filters(
+    return _transpose_filters(
         input_forward,
         output_delta,
         _shape(filter_shape, "filter_shape"),
