@@ -9,6 +9,9 @@ Determinism: on CPU only run-to-run reproducibility at a fixed thread count is p
 On CUDA it is promised under ``torch.use_deterministic_algorithms(True)``, as for
 ``nn.Conv2d``.
 """
+import contextlib
+import subprocess
+import sys
 from dataclasses import replace
 
 import pytest
@@ -201,6 +204,39 @@ def test_run_to_run_bitwise_identical(op, data_format, fmt, g, device, num_threa
         assert torch.equal(fn(x, dy), first)
     # and from fresh copies of the inputs (other buffers, same values)
     assert torch.equal(fn(x.clone(), dy.clone()), first)
+
+
+@contextlib.contextmanager
+def busy_core():
+    """Another process spinning on a core: the CPU algorithms' threads take their parts of the
+    work as they come free (csrc/algorithms/tasks.h), so which thread sums which samples then
+    differs from an idle machine's."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+# The medium problem sums 8 samples of 32x32: gemm splits them into more parts than threads, and
+# depthwise into more sample groups (channels-last) or channel blocks (channels-first).
+@pytest.mark.parametrize("algorithm,data_format,g", [
+    ("gemm", "NXC", 1), ("gemm", "NCX", 1), ("depthwise", "NXC", 16), ("depthwise", "NCX", 16),
+])
+def test_bitwise_identical_whichever_thread_sums_which_part(algorithm, data_format, g, threads):
+    torch.set_num_threads(2)
+    problem = replace(_medium("filters", data_format, "XIO", g), o=16)
+    fn = op_function(problem)
+    x, dy = problem.tensors(dtype=torch.float32, seed=10)
+    with torch_convgrad.use_algorithm(algorithm):
+        idle = fn(x, dy)
+        assert torch_convgrad.last_algorithm() == algorithm
+        with busy_core():
+            for _ in range(6):
+                assert torch.equal(fn(x, dy), idle)
+    ref = reference(problem, x, dy)
+    torch.testing.assert_close(idle.double(), ref, rtol=0, atol=1e-5 * ref.abs().max().item())
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])

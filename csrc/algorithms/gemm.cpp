@@ -24,6 +24,7 @@
 #include "algorithm.h"
 #include "scratch.h"
 #include "tap_gemm.h"
+#include "tasks.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/addmm.h>
@@ -529,15 +530,38 @@ bool multiplies_by_samples(const Problem& problem, const Geometry& g, bool fused
   return packs && (fused_rows || rows_per_thread >= kLeastRowsPerThread);
 }
 
+// How many runs of samples partial_sums splits the batch into: one a thread,
+// and more, up to kMostPartsPerThread a thread and one a sample, one for
+// every kRowsPerPart rows the batch sums over. More parts let a faster core
+// take more of them, but each adds a partial sum that finish_sum reads.
+// Under another process busy on one of the two cores, 4 parts a thread ran
+// ResNet-50's 3x3 64-channel layer 1.34-1.7x as fast as one, its 1x1 64->256
+// 1.25-1.94x, its stride-2 3x3 and 1x1 layers 1.07-1.34x, U-Net's 0.99-1.09x;
+// with no load, the same within noise (0.96-1.01x, the 3x3 64-channel NCX
+// layer 1.15x once, with the cores at unequal speeds). On 14x14 maps (1568
+// rows, 2.4 MB sums a part) 8 parts ran ResNet-50's 3x3 256-channel layer at
+// 0.84-0.92x with no load: there the sums cost more than the products they
+// even out, and one part a thread stays (Zen 3, f32, 2 threads, interleaved).
+constexpr int64_t kMostPartsPerThread = 4;
+constexpr int64_t kRowsPerPart = 1200;
+int64_t parts_of_samples(const Geometry& g) {
+  const int64_t threads = at::get_num_threads();
+  const int64_t wanted = g.batch * g.out_positions() / kRowsPerPart;
+  return std::max(threads, std::min({wanted, g.batch, kMostPartsPerThread * threads}));
+}
+
 // Partial sums (parts, sizes...) in `options`, where products(first, last,
 // out) writes into `out` the sum over samples [first, last). With
-// `by_thread`, one part per thread (at::get_num_threads() of them), each
-// over its own run of samples (static scheduling); otherwise one part over
-// every sample.
+// `by_thread`, each part sums its own run of samples, there are at least as
+// many parts as threads, and each part goes to whichever thread is free
+// (tasks.h), so that a slower core takes fewer; otherwise one part over every
+// sample. Each part's sum and their fixed-order total (Problem::finish_sum)
+// do not depend on which thread ran it: deterministic for a thread count.
 template <typename F>
-at::Tensor partial_sums(int64_t batch, bool by_thread, at::IntArrayRef sizes, const at::TensorOptions& options,
+at::Tensor partial_sums(const Geometry& g, bool by_thread, at::IntArrayRef sizes, const at::TensorOptions& options,
                         const F& products) {
-  const int64_t parts = by_thread ? at::get_num_threads() : 1;
+  const int64_t batch = g.batch;
+  const int64_t parts = by_thread ? parts_of_samples(g) : 1;
   std::vector<int64_t> shape = {parts};
   shape.insert(shape.end(), sizes.begin(), sizes.end());
   const at::Tensor sums = at::empty(shape, options);
@@ -545,10 +569,7 @@ at::Tensor partial_sums(int64_t batch, bool by_thread, at::IntArrayRef sizes, co
     products(0, batch, sums[0]);
     return sums;
   }
-  at::parallel_for(0, parts, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t part = begin; part < end; ++part)
-      products(part * batch / parts, (part + 1) * batch / parts, sums[part]);
-  });
+  run_tasks(parts, [&](int64_t part) { products(part * batch / parts, (part + 1) * batch / parts, sums[part]); });
   return sums;
 }
 
@@ -767,7 +788,7 @@ at::Tensor channels_first_products(const Problem& problem, const Geometry& g, co
                      &no_offset, 1, channels_a, channels_b, out[group].mutable_data_ptr<float>(),
                      /*accumulate=*/n != first, a.stride(1), /*a_positions=*/0, b.stride(1));
   };
-  const at::Tensor sums = partial_sums(g.batch, threads_split_samples(g), {g.groups, channels_a, channels_b},
+  const at::Tensor sums = partial_sums(g, threads_split_samples(g), {g.groups, channels_a, channels_b},
                                        x5.options().dtype(at::kFloat), products);
   // (parts, groups, taps, C/g, O/g)
   const at::Tensor taps = (swaps ? sums.transpose(2, 3) : sums).unsqueeze(2);
@@ -841,7 +862,7 @@ at::Tensor run(const Problem& problem) {
                         /*accumulate=*/n != first);
       }
     };
-    const at::Tensor partials = partial_sums(g.batch, /*by_thread=*/true,
+    const at::Tensor partials = partial_sums(g, /*by_thread=*/true,
                                              {groups, g.taps(), in_per_group, out_per_group}, sums_options, products);
     return problem.finish_sum(canonical_from_taps(partials, g, problem.spatial_rank()));
   }
@@ -920,7 +941,7 @@ at::Tensor run(const Problem& problem) {
     // fast so in f32 and 0.97-1.23x in f16 (five interleaved runs, Zen 4, 2
     // threads; the gains where the split products ran slowly, 5.7-7.4 ms
     // against 5.1-6.0, as they did in some benchmark runs).
-    const at::Tensor swapped = partial_sums(g.batch, threads_split_samples(g),
+    const at::Tensor swapped = partial_sums(g, threads_split_samples(g),
                                             {groups, out_per_group, in_per_group}, sums_options, swapped_products);
     // (parts, groups, taps, C/g, O/g)
     return problem.finish_sum(canonical_from_taps(swapped.transpose(2, 3).unsqueeze(2), g, problem.spatial_rank()));
