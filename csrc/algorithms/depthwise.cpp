@@ -131,9 +131,19 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // on the Zen 3 (2026-12-01, two runs, the order of the two swapped):
   // MobileNetV2's 3x3 layer 1.21-1.50 times as fast channels-last and
   // 1.58-1.73 channels-first, its stride-2 layer 1.0-1.5 and 1.2-1.63,
-  // ConvNeXt's 0.98-1.22 and 1.07-1.24.
+  // ConvNeXt's 0.98-1.22 and 1.07-1.24. On an AMX CPU of 65 GB/s (Intel
+  // Xeon, family 6 model 207, 2026-12-05, 2 threads, interleaved in one
+  // process and in alternated processes), channels-last layers without a
+  // stride ran 0.98-1.27 times as fast (MobileNetV2's 3x3 layer 1.04x in f32,
+  // 1.12-1.2x in bf16, 1.08x in f16; ConvNeXt's 7x7 1.27x in f32, 1.06x in
+  // bf16/f16; 3x3, 5x5 and 7x7 on 7x7 to 56x56 maps 1.0-1.22x, grouped 3x3
+  // layers 1.0-1.04x, 32 channels on 112x112 0.98-1.0x), while its stride-2
+  // layer ran 0.92-0.93x and channels-first data through the transposing
+  // kernel 0.96-0.98x (ConvNeXt's).
   const CpuCalibration calibration = cpu_calibration();
-  args.prefetch_next_rows = calibration != CpuCalibration::Avx512Amx;
+  const bool channels_last_data = args.input_strides[1] == 1 && args.grad_output_strides[1] == 1;
+  args.prefetch_next_rows =
+      calibration != CpuCalibration::Avx512Amx || (channels_last_data && !geometry.strided());
   // Channels-last input rows read in place at stride 2 along the row, only
   // their border windows' pixels staged, against staging them whole (AMD
   // EPYC, Zen 3, 2026-12-05, 2 threads, switched in one build, interleaved
