@@ -1330,13 +1330,17 @@ def assert_non_finite_where_expected(result, expected):
 
 @pytest.mark.skipif(not AMX, reason="needs a CPU with AMX")
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
-def test_amx_planes_keeps_non_finite_inputs_to_the_taps_that_read_them(value):
+@pytest.mark.parametrize("size, element", [((6, 8), (0, 1, 0, 7)), ((20, 30), (0, 0, 0, 0)),
+                                           ((20, 30), (1, 2, 19, 29)), ((20, 30), (1, 1, 0, 17))])
+def test_amx_planes_keeps_non_finite_inputs_to_the_taps_that_read_them(value, size, element):
     """amx_planes multiplies input elements by zero at wide positions that are not outputs. An
-    infinity there must not put NaN into taps whose windows never read it (here x[..., 0, 7] is
-    read only by the last column of taps), so such calls run ATen."""
-    x = rand([2, 3, 6, 8], torch.bfloat16, seed=9)
-    x[0, 1, 0, 7] = value
-    dy = rand([2, 4, 6, 8], torch.bfloat16, seed=10)
+    infinity there must not put NaN into taps whose windows never read it (an element of the
+    first or last row or column is read by some taps only: x[..., 0, 7] of a 6 x 8 input only by
+    the last column), so such calls run ATen. The check for them reads every sample's planes in
+    vectors: the elements here lie at their start, end and inside, in either sample."""
+    x = rand([2, 3, *size], torch.bfloat16, seed=9)
+    x[element] = value
+    dy = rand([2, 4, *size], torch.bfloat16, seed=10)
     attributes = dict(pads_begin=1, pads_end=1, data_format="NCX", filter_format="OIX")
     result, _ = run("amx_planes", x, dy, [4, 3, 3, 3], attributes)
     assert_non_finite_where_expected(result, REF.conv_backprop_filters(x, dy, [4, 3, 3, 3], **attributes))

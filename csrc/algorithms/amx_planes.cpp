@@ -163,11 +163,15 @@ void build_planes(const Element* x, const Geometry& g, const Planes& planes, int
         }
 }
 
-// Whether every bf16 element is finite (its exponent not all ones).
+// Whether every bf16 element is finite (its exponent not all ones), as the
+// largest of the exponents' bits: a reduction compilers vectorise, where a
+// flag or-ed element by element stayed a scalar loop that took a third of
+// ResNet-50's stride-2 3x3 channels-first layer (2026-12-05, 2 threads).
 bool all_finite(const Element* data, int64_t count) {
-  bool non_finite = false;
-  for (int64_t i = 0; i < count; ++i) non_finite |= (data[i] & 0x7F80) == 0x7F80;
-  return !non_finite;
+  constexpr int16_t kExponent = 0x7F80;
+  int16_t top = 0;
+  for (int64_t i = 0; i < count; ++i) top = std::max<int16_t>(top, static_cast<int16_t>(data[i] & kExponent));
+  return top != kExponent;
 }
 
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
