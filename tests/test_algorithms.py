@@ -1709,7 +1709,7 @@ def test_bf16_channels_first_depthwise_planes_keep_non_finite_inputs_to_the_taps
 # windows, 18 and 35 with padding of 1 and 2, wide and right padding, 3-D with one row of taps,
 # large-plane, 1-D-96-windows and 1-D-400-windows), and f16 rows of 28 windows or more in planes of
 # 400 or more, loaded whole and masked after their conversion, the planes whose loads would leave
-# the tensor staged (3-D-one-tap-row, large-plane, 1-D-400-windows). On the Zen 4, bf16 rows read in
+# the tensor staged (3-D-one-tap-row, large-plane, 1-D-400-windows). On the Zen 4 and AMX CPUs, bf16 rows read in
 # place at stride 1 load pairs of elements, 32 windows a step, where the row's windows are an even
 # count that such steps take with no more idle lanes than steps of 16: rows of 50 windows
 # (large-plane, a partial last step), 30 (3-D-one-tap-row) and 96 (1-D-96-windows, a whole step
@@ -1784,7 +1784,7 @@ def test_channels_first_depthwise_rows_keep_non_finite_values_where_the_referenc
     column or last row reaches only the taps that read it, and one in the output gradient's corners
     meets the padding (NaN) as in the reference. 36 windows a row (two whole vectors and a partial one), or 18
     with stride 2 (read in place: f32 as the even elements of 32, f16/bf16 in pairs); and 28 windows, which
-    bf16 at stride 1 on the Zen 4 loads as pairs of elements, 32 windows a step.
+    bf16 at stride 1 on the Zen 4 and AMX CPUs loads as pairs of elements, 32 windows a step.
 
     Where the float row tiles do not run (AVX2 CPUs at stride 2 in f32), the channels-last kernel's
     transposition takes these planes; it skips the input rows that lie in the padding, as ATen does,

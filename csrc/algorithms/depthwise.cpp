@@ -231,8 +231,12 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // three runs, medians and fastest calls), 3x3 layers ran 1.04-1.12 times as
   // fast on rows of 56 windows (MobileNetV2's layer), 1.09-1.19 on rows of 28
   // and a 1-D layer of 4000 windows 1.16-1.26; rows of 14 ran 0.82 and of 112
-  // 0.90-0.96 times as fast, and stay on 16 elements a tap.
-  args.bf16_pair_loads = calibration == CpuCalibration::Avx512Bf16;
+  // 0.90-0.96 times as fast, and stay on 16 elements a tap. On an AMX CPU
+  // (Intel Xeon, family 6 model 207, 2026-12-05, the same way): 56x56 maps
+  // 1.22x (MobileNetV2's layer), 28x28 1.36x, 64x64 1.21x, the 1-D layer
+  // 1.07x; rows of 14, 112 and 7 and 7x7 kernels, which pair_steps_fit or
+  // the tiles leave on 16 elements a tap, 0.99-1.0x.
+  args.bf16_pair_loads = calibration == CpuCalibration::Avx512Bf16 || calibration == CpuCalibration::Avx512Amx;
   // Whole planes in the channels-last kernel (channels_last_planes: one tile
   // call a block's rows of taps over all its output rows) against row by row,
   // on the Zen 3 (2026-12-05, 2 threads, N=8, switched in one build,
