@@ -942,6 +942,19 @@ def test_every_algorithm_is_deterministic(algorithm, dtype):
             assert torch.equal(torch_convgrad.conv_backprop_filters(*problem[:3], **problem[3]), first)
 
 
+def partial_sums_problem(algorithm, data_format, dtype, filter_format):
+    """A problem whose channel counts leave part tiles of finish_sum's 16 (x, dy, shape, attributes)."""
+    if algorithm == "brgemm" and data_format == "NXC":  # brgemm's rows, each window's 2 taps along W side by side
+        x, dy = rand(data_shape(3, 20, (8, 6), "NXC"), dtype, seed=5), rand(data_shape(3, 35, (4, 3), "NXC"), dtype, seed=6)
+        shape, attributes = [35, 20, 2, 2], dict(strides=2, data_format="NXC", filter_format="OIX")
+    else:
+        sizes = dict(c=37) if algorithm.endswith("depthwise") else dict(n=3, c=20, o=35)
+        x, dy, shape, attributes = problem_for(algorithm, data_format, dtype, **sizes)
+    o, c, *kernel = shape
+    shape = shape if filter_format == "OIX" else kernel + [c, o]
+    return x, dy, shape, dict(attributes, filter_format=filter_format)
+
+
 # Algorithms that keep partial sums (a thread's, a group of samples') add
 # them, convert them and lay them out in the requested format in one pass
 # (Problem::finish_sum), in tiles of 16 channels: channel counts that leave
@@ -956,20 +969,34 @@ def test_every_algorithm_is_deterministic(algorithm, dtype):
 def test_partial_sums_are_added_into_every_format(algorithm, dtype, data_format, filter_format):
     if not runs_here(algorithm):
         pytest.skip(f"{algorithm} does not run on this CPU")
-    if algorithm == "brgemm" and data_format == "NXC":  # brgemm's rows, each window's 2 taps along W side by side
-        x, dy = rand(data_shape(3, 20, (8, 6), "NXC"), dtype, seed=5), rand(data_shape(3, 35, (4, 3), "NXC"), dtype, seed=6)
-        shape, attributes = [35, 20, 2, 2], dict(strides=2, data_format="NXC", filter_format="OIX")
-    else:
-        sizes = dict(c=37) if algorithm.endswith("depthwise") else dict(n=3, c=20, o=35)
-        x, dy, shape, attributes = problem_for(algorithm, data_format, dtype, **sizes)
-    o, c, *kernel = shape
-    shape = shape if filter_format == "OIX" else kernel + [c, o]
-    attributes = dict(attributes, filter_format=filter_format)
+    x, dy, shape, attributes = partial_sums_problem(algorithm, data_format, dtype, filter_format)
     with setting(torch.get_num_threads, torch.set_num_threads, 2):
         out, ran = run(algorithm, x, dy, shape, attributes)
     assert ran == algorithm
     assert out.shape == tuple(shape) and out.is_contiguous() and out.dtype == dtype
     assert_matches_ref(out, REF.conv_backprop_filters(x, dy, shape, **attributes), dtype)
+
+
+@pytest.mark.parametrize("filter_format", ["OIX", "XIO"])
+@pytest.mark.parametrize("data_format", ["NCX", "NXC"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("algorithm", ["gemm", "depthwise", "brgemm", "amx_planes", "amx_depthwise"])
+def test_low_precision_partial_sums_round_to_nearest_even(algorithm, dtype, data_format, filter_format):
+    """Small integers, whose products and sums float32 holds exactly in any order: the f16 or bf16
+    weight gradient must be the exact sums rounded to nearest even, as torch rounds float32, bit for
+    bit (sums of up to a few thousand, many of them halfway between two bf16 values). Two threads' partial
+    sums are added, converted and laid out in finish_sum's tiles."""
+    if not runs_here(algorithm) or (algorithm == "amx_depthwise" and dtype == torch.float16):
+        pytest.skip(f"{algorithm} does not run {dtype} on this CPU")
+    x, dy, shape, attributes = partial_sums_problem(algorithm, data_format, dtype, filter_format)
+    integers = lambda t, seed: torch.randint(-12, 13, t.shape, generator=torch.Generator().manual_seed(seed)).to(t)
+    x, dy = integers(x, 11), integers(dy, 12)
+    with setting(torch.get_num_threads, torch.set_num_threads, 2):
+        out, ran = run(algorithm, x, dy, shape, attributes)
+    assert ran == algorithm
+    exact = REF.conv_backprop_filters(x.double(), dy.double(), shape, **attributes)
+    assert exact.abs().max() < 2 ** 24 and exact.abs().max() > 512
+    assert torch.equal(out, exact.float().to(dtype))
 
 
 @pytest.mark.skipif(not BRGEMM, reason="needs ATen's brgemm on AMX tiles or AVX-512 BF16")
