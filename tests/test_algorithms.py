@@ -595,12 +595,14 @@ def test_depthwise_and_grouped_kernels(channels, groups, kernel, stride, dilatio
     assert_matches_ref(result, REF.conv_backprop_filters(*problem[:3], **problem[3]), dtype)
 
 
-# On AVX2 CPUs the channels-last kernel reads channels-last input rows of whole vectors of channels
+# On AVX2 CPUs, and on AMX CPUs in bf16 and f16 with 3 taps and 28 windows or more along the row, the
+# channels-last kernel reads channels-last input rows of whole vectors of channels
 # in place at strides of 2 or more along the row (converted as its tiles load them), staging only the
 # pixels that the windows reaching the padding read: odd, even, wide, asymmetric and no padding along
 # the row (the last leaves no border windows on the left, and no right border where the last window
 # ends inside the row), rows whose windows all reach the padding (which stage whole), stride 3,
-# dilation (stride equal to dilation takes the staged rows' shared tile instead), 1-D and 3-D. Each
+# dilation (stride equal to dilation takes the staged rows' shared tile instead), 1-D and 3-D, and rows
+# of 30 and 31 windows (odd, right and no padding; with the 1-D case, the ones AMX CPUs take). Each
 # contiguous, with pixels further apart than the channels (a slice of a wider tensor's channels) and
 # with rows read at a stride; 16 and 24 channels (whole vectors in every dtype) and 20 (a partial
 # vector: staged). Elsewhere the same problems stage their rows.
@@ -617,6 +619,9 @@ CHANNELS_LAST_IN_PLACE_CASES = {
     "stride-2-dilation-2": (2, (9, 40), (3, 3), dict(strides=2, dilations=2, pads_begin=2, pads_end=2)),
     "1-D": (3, (101,), (3,), dict(strides=2, pads_begin=1, pads_end=1)),
     "3-D": (1, (4, 5, 30), (3, 3, 3), dict(strides=(1, 1, 2), pads_begin=1, pads_end=1)),
+    "31-windows": (2, (5, 61), (3, 3), dict(strides=2, pads_begin=1, pads_end=1)),
+    "30-windows-right-border": (1, (4, 60), (3, 3), dict(strides=2, pads_end=(0, 1))),
+    "31-windows-unpadded": (2, (4, 64), (3, 3), dict(strides=2)),
 }
 
 
@@ -639,17 +644,19 @@ def test_channels_last_depthwise_rows_read_in_place(case, view, channels, dtype)
     assert_matches_ref(result, REF.conv_backprop_filters(x, dy, [channels, 1, *kernel], **attributes), dtype)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("column", [0, 1, 20, 40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("column", [0, 1, 20, -1])
 @pytest.mark.parametrize("value", [float("inf"), float("nan")])
+@pytest.mark.parametrize("width", [41, 61])
 def test_channels_last_depthwise_rows_read_in_place_keep_non_finite_inputs_to_the_taps_that_read_them(
-        value, column, dtype):
+        width, value, column, dtype):
     """An infinity or NaN in a row's first or last pixel (staged for the border windows) or inside it
-    (read in place) reaches only the taps that read it."""
+    (read in place) reaches only the taps that read it: rows of 21 windows and of 31, which AMX CPUs
+    read in place in bf16 and f16."""
     attributes = dict(strides=2, pads_begin=1, pads_end=1)
-    x = rand(data_shape(2, 16, (7, 41), "NXC"), dtype, seed=73)
+    x = rand(data_shape(2, 16, (7, width), "NXC"), dtype, seed=73)
     x[1, 3, column, 5] = value
-    dy = rand(data_shape(2, 16, output_size((7, 41), (3, 3), attributes), "NXC"), dtype, seed=74)
+    dy = rand(data_shape(2, 16, output_size((7, width), (3, 3), attributes), "NXC"), dtype, seed=74)
     attributes = dict(attributes, groups=16, data_format="NXC", filter_format="OIX")
     result, ran = run("depthwise", x, dy, [16, 1, 3, 3], attributes)
     assert ran == "depthwise"

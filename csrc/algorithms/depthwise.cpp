@@ -150,8 +150,18 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // in one process, two runs): MobileNetV2's stride-2 layer 1.09-1.17 times as
   // fast in f32, 1.15-1.41 in bf16 and 1.40-1.63 in f16. At stride 1 the
   // tiles' loads, a cache line a pixel, ran 0.49-0.95 times as fast
-  // (MobileNetV2's 3x3 layer and ConvNeXt's 7x7). Not measured on AVX-512.
-  args.strided_rows_in_place = calibration == CpuCalibration::Avx2;
+  // (MobileNetV2's 3x3 layer and ConvNeXt's 7x7). On an AMX CPU (Intel
+  // Xeon, family 6 model 207, 2026-12-05, the same way, one run): bf16 and
+  // f16 rows of 3 taps at stride 2 ran 1.08-1.25 times as fast on 56x56 and
+  // 112x112 maps (MobileNetV2's stride-2 layer 1.08x in bf16, 1.14x in f16)
+  // and 1.0-1.04 on 28x28, 0.96-0.97 on 14x14 and 0.70-0.79 with 5 or 7 taps
+  // along the row; f32 0.86-1.19 (MobileNetV2's layer 1.19x, 112x112 maps
+  // 0.88x). It reads them in place there on bf16 and f16 rows of 3 taps and
+  // 28 windows or more.
+  const bool amx_rows_in_place = calibration == CpuCalibration::Avx512Amx &&
+                                 problem.input.scalar_type() != at::kFloat && geometry.kernel[2] == 3 &&
+                                 geometry.out[2] >= 28;
+  args.strided_rows_in_place = calibration == CpuCalibration::Avx2 || amx_rows_in_place;
   // Channels-first planes of f32, bf16 and f16 on float row tiles
   // (channels_first's float_rows), against the channels-last kernel's
   // transposition. Where AVX-512 has no bf16 products (Intel Xeon, Cascade
