@@ -378,11 +378,13 @@ void sum_partials(const at::Tensor& source, const std::vector<int64_t>& sizes, c
         // to the result's: converting as they moved left bf16 results a
         // scalar loop, a seventh of ResNet-50's 1x1 1024 -> 256 channels-last
         // bf16 layer on brgemm (2026-12-05, Intel Xeon family 6 model 207).
-        const Out* values = converted;
-        if constexpr (std::is_same_v<Out, Acc>)
+        const Out* values;
+        if constexpr (std::is_same_v<Out, Acc>) {
           values = block;
-        else
+        } else {
           for (int64_t i = 0; i < columns * kSumTile; ++i) converted[i] = result_value<Out>(block[i]);
+          values = converted;
+        }
         for (int64_t f = 0; f < count; ++f) {
           Out* target = out + to + f * out_strides[fast] + j0;
           for (int64_t j = 0; j < columns; ++j) target[j] = values[j * kSumTile + f];

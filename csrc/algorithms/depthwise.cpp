@@ -141,6 +141,8 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // layer ran 0.92-0.93x and channels-first data through the transposing
   // kernel 0.96-0.98x (ConvNeXt's).
   const CpuCalibration calibration = cpu_calibration();
+  const auto dtype = problem.input.scalar_type();
+  const int64_t row_taps = geometry.kernel[2], row_windows = geometry.out[2];
   const bool channels_last_data = args.input_strides[1] == 1 && args.grad_output_strides[1] == 1;
   args.prefetch_next_rows =
       calibration != CpuCalibration::Avx512Amx || (channels_last_data && !geometry.strided());
@@ -158,9 +160,8 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // along the row; f32 0.86-1.19 (MobileNetV2's layer 1.19x, 112x112 maps
   // 0.88x). It reads them in place there on bf16 and f16 rows of 3 taps and
   // 28 windows or more.
-  const bool amx_rows_in_place = calibration == CpuCalibration::Avx512Amx &&
-                                 problem.input.scalar_type() != at::kFloat && geometry.kernel[2] == 3 &&
-                                 geometry.out[2] >= 28;
+  const bool amx_rows_in_place =
+      calibration == CpuCalibration::Avx512Amx && dtype != at::kFloat && row_taps == 3 && row_windows >= 28;
   args.strided_rows_in_place = calibration == CpuCalibration::Avx2 || amx_rows_in_place;
   // Channels-first planes of f32, bf16 and f16 on float row tiles
   // (channels_first's float_rows), against the channels-last kernel's
@@ -208,8 +209,6 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // 1.06-3.96, and in f32 on rows of 56 (5x5 1.25-1.32, ConvNeXt 1.07-1.16),
   // where bf16 rows of 56 ran 0.73-0.92 (the window pairs below win) and f16
   // 0.98-1.03; 5 taps at stride 2 ran 0.79-1.02 and stay there.
-  const auto dtype = problem.input.scalar_type();
-  const int64_t row_taps = geometry.kernel[2], row_windows = geometry.out[2];
   const bool avx2_rows_win =
       geometry.stride[2] == 1 ? row_taps == 3 || (row_taps == 5 && dtype == at::kFloat)
                               : row_taps == 3 && (row_windows <= 14 || (row_windows <= 28 && dtype != at::kFloat));
@@ -259,9 +258,8 @@ kernel::Args depthwise_args(const Problem& problem, const Geometry& geometry) {
   // along the row: 7x7 maps to 56x56 1.02-2.20 times as fast (ConvNeXt's
   // 56x56 layer 1.02-1.47 in f32, 1.09-1.72 in bf16, 1.13 in f16), 112x112
   // 0.97-1.11. Not measured on AVX-512.
-  const bool transposes = args.input_strides[1] != 1 || args.grad_output_strides[1] != 1;
   args.whole_planes = calibration == CpuCalibration::Avx2 && kernel::runs_as_planes(args) &&
-                      (row_windows <= 14 || (transposes && row_taps >= 5 && row_windows <= 56));
+                      (row_windows <= 14 || (!channels_last_data && row_taps >= 5 && row_windows <= 56));
   const bool bf16_products = dtype == at::kBFloat16 && cpu_has_avx512_bf16();
   args.bf16_planes = !args.float_rows && bf16_products && cpu_is_avx512() && kernel::AVX512::bf16_planes_built() &&
                      row_taps < 5 && geometry.stride[2] == 1 && args.group_channels == 1 &&
